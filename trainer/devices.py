@@ -1,0 +1,140 @@
+"""Which devices a run uses, and the tf.distribute strategy over them."""
+
+import json
+import os
+
+import tensorflow as tf
+
+from trainer.config import Config
+from trainer.errors import ConfigError
+
+
+def configure_devices(config: Config) -> list:
+  """Makes the requested GPUs visible and splits the CPU, before TF initialises.
+
+  If TensorFlow is already initialised (a Python caller that ran TF ops before, or
+  a test process whose conftest split the CPU), the existing split is used as long as
+  it has enough devices.
+
+  Args:
+    config: the run's config (gpus, memory_growth, cpu_devices, threads).
+
+  Returns:
+    The names of the devices the replicas will run on.
+
+  Raises:
+    ConfigError: --gpus names an absent GPU, or --cpu_devices is more than an already
+      initialised TensorFlow provides.
+  """
+  gpus = tf.config.list_physical_devices("GPU")
+  if config.gpus is not None:
+    absent = [i for i in config.gpus if i < 0 or i >= len(gpus)]
+    if absent:
+      raise ConfigError(f"--gpus={','.join(map(str, config.gpus))}: no GPU "
+                        f"{absent[0]} (this machine has {len(gpus)} GPU(s))")
+    gpus = [gpus[i] for i in config.gpus]
+  try:
+    tf.config.set_visible_devices(gpus + tf.config.list_physical_devices("CPU"))
+    for gpu in gpus:
+      tf.config.experimental.set_memory_growth(gpu, config.memory_growth)
+    if not gpus and config.cpu_devices > 1:
+      cpu = tf.config.list_physical_devices("CPU")[0]
+      tf.config.set_logical_device_configuration(
+          cpu, [tf.config.LogicalDeviceConfiguration()] * config.cpu_devices)
+    if config.intra_op_threads:
+      tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+    if config.inter_op_threads:
+      tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+  except RuntimeError:
+    pass  # Already initialised: keep the devices it has and check below.
+  logical_gpus = tf.config.list_logical_devices("GPU")
+  if logical_gpus:
+    return [d.name for d in logical_gpus]
+  cpus = tf.config.list_logical_devices("CPU")
+  if len(cpus) < config.cpu_devices:
+    raise ConfigError(f"--cpu_devices={config.cpu_devices}: TensorFlow is already "
+                      f"initialised with {len(cpus)} CPU device(s) in this process")
+  return [d.name for d in cpus[:config.cpu_devices]]
+
+
+def make_strategy(config: Config, devices: list) -> tf.distribute.Strategy:
+  """Builds the strategy named by --strategy over `devices`.
+
+  Args:
+    config: the run's config (strategy, cluster_resolver, cross_device_ops).
+    devices: device names from `configure_devices`.
+
+  Returns:
+    A MirroredStrategy, OneDeviceStrategy or MultiWorkerMirroredStrategy.
+
+  Raises:
+    ConfigError: the cross-device ops do not fit the strategy, or the cluster is not
+      described.
+  """
+  if config.strategy == "one_device":
+    return tf.distribute.OneDeviceStrategy(devices[0])
+  if config.strategy == "mirrored":
+    return tf.distribute.MirroredStrategy(
+        devices, cross_device_ops=_mirrored_cross_device_ops(config.cross_device_ops))
+  return _multi_worker_strategy(config)
+
+
+def _mirrored_cross_device_ops(name):
+  ops = {
+      "auto": None,
+      "nccl": tf.distribute.NcclAllReduce,
+      "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+      "reduce_to_one_device": tf.distribute.ReductionToOneDevice,
+  }
+  if name not in ops:
+    raise ConfigError(f"--cross_device_ops={name}: with --strategy=mirrored use auto, "
+                      "nccl, hierarchical_copy or reduce_to_one_device")
+  return ops[name]() if ops[name] else None
+
+
+def _multi_worker_strategy(config):
+  implementations = {
+      "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+      "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+      "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+  }
+  if config.cross_device_ops not in implementations:
+    raise ConfigError(f"--cross_device_ops={config.cross_device_ops}: with "
+                      "--strategy=multi_worker use auto, ring or nccl")
+  if config.cluster_resolver == "slurm":
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+  else:
+    _check_tf_config()
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  options = tf.distribute.experimental.CommunicationOptions(
+      implementation=implementations[config.cross_device_ops])
+  return tf.distribute.MultiWorkerMirroredStrategy(
+      cluster_resolver=resolver, communication_options=options)
+
+
+def _check_tf_config():
+  raw = os.environ.get("TF_CONFIG")
+  if not raw:
+    raise ConfigError("--strategy=multi_worker needs TF_CONFIG (or "
+                      "--cluster_resolver=slurm); see README 'Scaling out'")
+  try:
+    tf_config = json.loads(raw)
+    tf_config["cluster"]["worker"], tf_config["task"]["index"]
+  except (ValueError, KeyError, TypeError):
+    raise ConfigError("TF_CONFIG: must be JSON with cluster.worker and task.index, "
+                      f"got {raw[:80]!r}") from None
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+  """Whether this process writes the run's files (always, outside multi-worker)."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.cluster_spec().as_dict():
+    return True
+  task_type, task_id = resolver.task_type, resolver.task_id
+  return task_type == "chief" or (task_type == "worker" and task_id == 0 and
+                                  "chief" not in resolver.cluster_spec().as_dict())
+
+
+def device_summary(strategy: tf.distribute.Strategy) -> list:
+  """The device names the replicas of this process run on."""
+  return list(strategy.extended.worker_devices)

@@ -1,0 +1,225 @@
+"""The outer loop: loop calls of K steps, summaries, eval, checkpoints and faults.
+
+`run(config)` is `trainer.train`. It validates everything that can be validated
+before touching MODEL_DIR, then claims the directory, restores the latest
+checkpoint and trains to --train_steps, checking the replica ledger after every
+loop call.
+"""
+
+import math
+import os
+import time
+
+import tensorflow as tf
+
+from trainer import data, devices, run_dir
+from trainer.config import Config
+from trainer.errors import DataError, DivergedError, ModelDirError
+from trainer.evaluation import evaluate_once
+from trainer.export import export_saved_model
+from trainer.interrupts import stop_on_signals
+from trainer.results import Results
+from trainer.state import RunState, build_state
+from trainer.steps import replica_batch_error
+from trainer.summaries import Progress, Summaries, markdown_flags
+
+_AUTO_TARGET_SECONDS = 1.0  # --steps_per_loop=0: aim for loop calls this long.
+_AUTO_MAX_STEPS = 1000
+_MAX_ROLLBACKS = 3
+
+
+def run(config: Config) -> dict:
+  """Runs --mode (train, train_and_eval or eval) and returns the results dict.
+
+  Raises:
+    TrainerError: bad input, a locked model_dir, divergence or a ledger mismatch.
+  """
+  if config.mode == "eval":
+    from trainer.evaluation import evaluate_checkpoint
+    return evaluate_checkpoint(config)
+  return train(config)
+
+
+def setup(config: Config):
+  """Devices, strategy and data: everything that can fail before MODEL_DIR is used.
+
+  Returns:
+    (strategy, is_chief, source).
+  """
+  device_names = devices.configure_devices(config)
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  strategy = devices.make_strategy(config, device_names)
+  source = data.load_source(config)
+  global_batch = config.per_replica_batch_size * strategy.num_replicas_in_sync
+  if len(source.x_train) < global_batch:
+    raise DataError(f"the training set has {len(source.x_train)} examples, fewer than "
+                    f"one global batch of {global_batch} (--per_replica_batch_size="
+                    f"{config.per_replica_batch_size} x {strategy.num_replicas_in_sync} "
+                    "replicas)")
+  return strategy, devices.is_chief(strategy), source
+
+
+def train(config: Config) -> dict:
+  """Trains (and with train_and_eval, evaluates) as the config says."""
+  config = config.with_model_dir()
+  strategy, is_chief, source = setup(config)
+  if is_chief:
+    run_dir.ensure_writable(config.model_dir)
+    with run_dir.locked(config.model_dir):
+      return _train_in_dir(config, strategy, is_chief, source)
+  return _train_in_dir(config, strategy, is_chief, source)
+
+
+def _train_in_dir(config, strategy, is_chief, source):
+  state = build_state(config, strategy, source, is_chief=is_chief)
+  if state.checkpoints.exists():
+    run_dir.check_layout(config.model_dir, config)
+  results = Results(config, state)
+  summaries = Summaries(config.model_dir, enabled=is_chief and config.summaries)
+  progress = Progress(total_steps=config.train_steps, enabled=is_chief and
+                      config.summaries)
+  restored = state.checkpoints.restore_latest()
+  progress.say(f"model_dir {config.model_dir}: "
+               + (f"resuming at step {restored}" if restored is not None
+                  else "starting at step 0")
+               + f", {state.num_replicas} replica(s) x {config.per_replica_batch_size} "
+               f"examples = global batch {state.global_batch_size}")
+  if is_chief:
+    run_dir.write_flags(config.model_dir, config)
+  summaries.text("train", state.step, "flags", markdown_flags(config.to_flags()))
+  summaries.hparams({name: getattr(config, name) for name in config.hparams})
+  if restored is None:
+    state.checkpoints.save()  # A rollback target and an eval-able step 0.
+  try:
+    with stop_on_signals() as stop_request:
+      status = _train_steps(state, results, summaries, progress, stop_request)
+    if status == "completed":
+      if config.mode == "train_and_eval" and results.eval_step != state.step:
+        _evaluate(state, results, summaries, progress)
+      if is_chief:
+        export_dir = config.export_dir or os.path.join(config.model_dir, "export")
+        export_saved_model(state.model, export_dir, input_shape=source.input_shape,
+                           scale=source.scale)
+        results.data["export_dir"] = export_dir
+    return results.finish(status)
+  finally:
+    summaries.close()
+    state.checkpoints.close()
+
+
+def _next_stop(step: int, config: Config) -> int:
+  """The next step at which a loop call must end (checkpoint, eval, summary, end)."""
+  stops = [config.train_steps, _next_multiple(step, config.checkpoint_every)]
+  if config.mode == "train_and_eval" and config.eval_every:
+    stops.append(_next_multiple(step, config.eval_every))
+  if config.summary_every:
+    stops.append(_next_multiple(step, config.summary_every))
+  return min(stops)
+
+
+def _next_multiple(step, every):
+  return (step // every + 1) * every
+
+
+def _train_iterator(state: RunState):
+  dataset = data.train_dataset(state.source, global_batch_size=state.global_batch_size,
+                               seed=state.config.seed, shuffle=state.config.shuffle,
+                               start_step=state.step)
+  return iter(data.distribute(state.strategy, dataset))
+
+
+def _train_steps(state, results, summaries, progress, stop_request) -> str:
+  """Trains to --train_steps; returns "completed" or "interrupted"."""
+  config = state.config
+  if state.step >= config.train_steps:
+    progress.say(f"already at step {state.step} >= --train_steps={config.train_steps}; "
+                 "nothing to train")
+    return "completed"
+  iterator = _train_iterator(state)
+  steps_per_loop = config.steps_per_loop or 1  # Auto: one step first (it traces).
+  batches_delivered, rollbacks = 0, 0
+  while state.step < config.train_steps:
+    num_steps = min(steps_per_loop, _next_stop(state.step, config) - state.step)
+    start = time.perf_counter()
+    try:
+      grad_norm, all_finite = state.train_loop(iterator, tf.constant(num_steps))
+    except tf.errors.InvalidArgumentError as e:
+      raise replica_batch_error(e) or e
+    totals = state.train_totals.read()  # Waits for the call to finish.
+    seconds = time.perf_counter() - start
+    batches_delivered += num_steps
+    ledger = state.train_ledger.check(expected_batches=batches_delivered,
+                                      per_replica_batch_size=config.per_replica_batch_size)
+    step = state.step
+    loss = totals["loss"] / num_steps
+    accuracy = totals["correct"] / max(totals["examples"], 1)
+    if not (bool(all_finite) and math.isfinite(loss)):
+      if config.on_nan == "rollback" and rollbacks < _MAX_ROLLBACKS:
+        rollbacks += 1
+        iterator = _roll_back(state, progress, step)
+        continue
+      results.finish("diverged")
+      raise DivergedError(f"non-finite loss or gradients at step {step} (loss {loss}); "
+                          "the last good checkpoint is kept. Lower --learning_rate or "
+                          "use --on_nan=rollback")
+    results.record_train_call(step=step, steps=num_steps, seconds=seconds, loss=loss,
+                              accuracy=accuracy, ledger=ledger)
+    examples_per_second = num_steps * state.global_batch_size / seconds
+    summaries.scalars("train", step, {
+        "loss": loss, "accuracy": accuracy, "gradient_norm": float(grad_norm),
+        "learning_rate": float(tf.convert_to_tensor(state.optimizer.learning_rate)),
+        "examples_per_second": examples_per_second,
+        "steps_per_second": num_steps / seconds,
+        **{f"replica_batches/replica_{i}": float(n) for i, n in enumerate(ledger)}})
+    progress.report(step, loss=loss, accuracy=accuracy,
+                    examples_per_second=examples_per_second)
+    if step % config.checkpoint_every == 0 or step >= config.train_steps:
+      state.checkpoints.save()
+    if (config.mode == "train_and_eval" and config.eval_every and
+        step % config.eval_every == 0):
+      _evaluate(state, results, summaries, progress)
+    if _any_worker_stopping(state.strategy, bool(stop_request)):
+      state.checkpoints.save()
+      progress.say(f"{stop_request.signal_name or 'a stop request'}: saved a checkpoint "
+                   f"at step {state.step}; rerun the same command to resume")
+      return "interrupted"
+    if not config.steps_per_loop:
+      steps_per_loop = _auto_steps_per_loop(num_steps, seconds, first=results.calls == 1)
+  return "completed"
+
+
+def _auto_steps_per_loop(num_steps, seconds, *, first):
+  if first:
+    return 10  # The first call traced; measure a short untraced one next.
+  return max(1, min(_AUTO_MAX_STEPS, int(num_steps * _AUTO_TARGET_SECONDS / seconds)))
+
+
+def _roll_back(state, progress, step):
+  """Restores the last checkpoint and halves the learning rate; returns an iterator."""
+  restored = state.checkpoints.restore_latest()
+  if restored is None:
+    raise ModelDirError("--on_nan=rollback: no checkpoint to roll back to")
+  learning_rate = state.optimizer.learning_rate
+  learning_rate.assign(learning_rate * 0.5)
+  progress.say(f"non-finite loss at step {step}: rolled back to step {restored}, "
+               f"learning rate halved to {float(learning_rate.numpy()):g}")
+  return _train_iterator(state)
+
+
+def _evaluate(state, results, summaries, progress):
+  metrics = evaluate_once(state)
+  results.record_eval(state.step, metrics)
+  summaries.scalars("eval", state.step, {"loss": metrics["loss"],
+                                         "accuracy": metrics["accuracy"]})
+  progress.say(f"eval at step {state.step}: loss {metrics['loss']:.4f}  accuracy "
+               f"{metrics['accuracy']:.4f}  ({metrics['examples']} examples)")
+
+
+def _any_worker_stopping(strategy, stopping: bool) -> bool:
+  """Agrees across workers whether to stop, so all stop at the same step."""
+  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    return stopping
+  votes = strategy.run(lambda: tf.constant(float(stopping)))
+  return float(strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)) > 0
+

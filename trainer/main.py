@@ -1,0 +1,55 @@
+"""`python -m trainer.main --flagfile=flags/X.flags --flag=value ...`
+
+Parses flags into a Config and calls `trainer.train`; a user's mistake becomes one
+line on stderr and an exit code (see trainer/errors.py and the README), never a
+traceback.
+"""
+
+import os
+import sys
+
+# Before TensorFlow loads: keep its C++ info lines out of the user's terminal.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+
+from trainer import config as config_lib
+from trainer.errors import ExitCode, TrainerError
+
+config_lib.define_flags()
+
+
+def _parse_flags(argv):
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    _fail(f"error: {e}", ExitCode.BAD_INPUT)
+
+
+def _fail(message, code):
+  print(message.splitlines()[0] if message else "error", file=sys.stderr, flush=True)
+  sys.exit(int(code))
+
+
+def main(argv):
+  logging.set_verbosity(logging.WARNING)
+  if len(argv) > 1:
+    _fail(f"error: unexpected arguments {' '.join(argv[1:])!r}; flags look like "
+          "--name=value", ExitCode.BAD_INPUT)
+  try:
+    config = config_lib.from_flags()
+    import trainer  # Deferred so flag errors are reported before TF loads.
+    results = trainer.train(config)
+  except TrainerError as e:
+    _fail(f"error: {e}", e.exit_code)
+  if results.get("status") == "interrupted":
+    sys.exit(int(ExitCode.INTERRUPTED))
+
+
+def run():
+  """Console-script entry point (`trainer ...`)."""
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,102 @@
+"""The model registry. Every model maps images to float32 logits."""
+
+import keras
+
+from trainer.config import Config
+
+
+def _head(x, config: Config, num_classes: int):
+  if config.dropout:
+    # A seeded SeedGenerator: its state is checkpointed (see checkpoints.py).
+    x = keras.layers.Dropout(config.dropout, seed=config.seed)(x)
+  # Logits stay float32 under mixed precision so the loss is computed in float32.
+  return keras.layers.Dense(num_classes, dtype="float32", name="logits",
+                            kernel_regularizer=_regularizer(config))(x)
+
+
+def _regularizer(config: Config):
+  return keras.regularizers.L2(config.l2) if config.l2 else None
+
+
+def _cnn(inputs, config: Config, num_classes: int):
+  """The seed's CNN: Conv2D(32,3)-MaxPool-Flatten-Dense(64)-Dense(classes)."""
+  x = inputs if len(inputs.shape) == 4 else keras.layers.Reshape(
+      _as_image(inputs.shape[1:]))(inputs)
+  x = keras.layers.Conv2D(32, 3, activation="relu",
+                          kernel_regularizer=_regularizer(config))(x)
+  x = keras.layers.MaxPooling2D(2)(x)
+  x = keras.layers.Flatten()(x)
+  x = keras.layers.Dense(64, activation="relu", kernel_regularizer=_regularizer(config))(x)
+  return _head(x, config, num_classes)
+
+
+def _mlp(inputs, config: Config, num_classes: int):
+  """Flatten-Dense(128)-Dense(classes)."""
+  x = keras.layers.Flatten()(inputs)
+  x = keras.layers.Dense(128, activation="relu",
+                         kernel_regularizer=_regularizer(config))(x)
+  return _head(x, config, num_classes)
+
+
+def _resnet(inputs, config: Config, num_classes: int):
+  """A small ResNet: a stem and three residual stages of 16, 32, 64 channels.
+
+  No BatchNorm, so replicas stay exactly equivalent to one device.
+  """
+  x = inputs if len(inputs.shape) == 4 else keras.layers.Reshape(
+      _as_image(inputs.shape[1:]))(inputs)
+  reg = _regularizer(config)
+  x = keras.layers.Conv2D(16, 3, padding="same", activation="relu",
+                          kernel_regularizer=reg)(x)
+  for stage, filters in enumerate((16, 32, 64)):
+    strides = 1 if stage == 0 else 2
+    shortcut = x
+    if strides != 1 or x.shape[-1] != filters:
+      shortcut = keras.layers.Conv2D(filters, 1, strides=strides,
+                                     kernel_regularizer=reg)(x)
+    y = keras.layers.Conv2D(filters, 3, strides=strides, padding="same",
+                            activation="relu", kernel_regularizer=reg)(x)
+    y = keras.layers.Conv2D(filters, 3, padding="same", kernel_regularizer=reg)(y)
+    x = keras.layers.ReLU()(keras.layers.Add()([shortcut, y]))
+  x = keras.layers.GlobalAveragePooling2D()(x)
+  return _head(x, config, num_classes)
+
+
+def _as_image(shape):
+  """[H, W] or [D] inputs as an image shape for the convolutional models."""
+  return (shape[0], shape[1], 1) if len(shape) == 2 else (shape[0], 1, 1)
+
+
+_REGISTRY = {"cnn": _cnn, "mlp": _mlp, "resnet": _resnet}
+
+
+def build_model(config: Config, *, input_shape, num_classes: int) -> keras.Model:
+  """Builds the model named by --model, its weights seeded by --seed.
+
+  Call it inside `strategy.scope()` so the variables are mirrored.
+
+  Args:
+    config: the run's config (model, dropout, l2, seed).
+    input_shape: shape of one example.
+    num_classes: number of output logits.
+
+  Returns:
+    A built Keras functional model.
+  """
+  keras.utils.set_random_seed(config.seed)
+  inputs = keras.Input(shape=input_shape, name="inputs")
+  outputs = _REGISTRY[config.model](inputs, config, num_classes)
+  return keras.Model(inputs, outputs, name=config.model)
+
+
+def build_optimizer(config: Config) -> keras.optimizers.Optimizer:
+  """Builds the optimizer named by --optimizer (loss-scaled for mixed_float16)."""
+  if config.optimizer == "adam":
+    optimizer = keras.optimizers.Adam(config.learning_rate)
+  elif config.optimizer == "sgd":
+    optimizer = keras.optimizers.SGD(config.learning_rate)
+  else:
+    optimizer = keras.optimizers.SGD(config.learning_rate, momentum=config.momentum)
+  if config.mixed_precision == "mixed_float16":
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  return optimizer
