@@ -74,8 +74,14 @@ def make_strategy(config: Config, devices: list) -> tf.distribute.Strategy:
   if config.strategy == "one_device":
     return tf.distribute.OneDeviceStrategy(devices[0])
   if config.strategy == "mirrored":
-    return tf.distribute.MirroredStrategy(
-        devices, cross_device_ops=_mirrored_cross_device_ops(config.cross_device_ops))
+    cross_device_ops = _mirrored_cross_device_ops(config.cross_device_ops)
+    if cross_device_ops is None and all("CPU" in d.upper() for d in devices):
+      # TF's default here is a RING collective whose group keys restart at 1 in
+      # every MirroredStrategy, so a second strategy over a different number of
+      # devices in the same process (a Python caller training twice) deadlocks or
+      # fails. Logical CPU devices share memory: reducing on one costs no copies.
+      cross_device_ops = tf.distribute.ReductionToOneDevice()
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
   return _multi_worker_strategy(config)
 
 
