@@ -1,8 +1,11 @@
 """Checkpoints that hold everything a bit-exact resume needs, restored with fallback.
 
-A checkpoint holds the model, the optimizer (slots, iterations, learning rate), the
-global step and the state of every Keras SeedGenerator (dropout masks): Keras 3 does
-not put seed generators into `tf.train.Checkpoint` by itself. The input needs no
+A checkpoint holds every model variable (trainable or not), the optimizer (slots,
+iterations, learning rate), the global step and the state of every Keras
+SeedGenerator (dropout masks). Model variables and seed generators are listed
+explicitly by path: `tf.train.Checkpoint(model=keras_model)` tracks neither in
+Keras 3 (weights were reachable only through the optimizer, non-trainable ones not
+at all). The input needs no
 state: its order is a function of (seed, step).
 """
 
@@ -17,13 +20,18 @@ CHECKPOINT_SUBDIR = "checkpoints"
 QUARANTINE_PREFIX = "unreadable-"
 
 
-def rng_states(model) -> dict:
-  """{path: state variable} of every SeedGenerator in `model`."""
-  states = {}
-  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
-    for generator in getattr(layer, "_seed_generators", []):
-      states[generator.state.path.replace("/", ".")] = generator.state
-  return states
+# Both lists are keyed by position, not by Keras' auto-generated names ("dense_3"),
+# which depend on how many models the process built before.
+def rng_states(model) -> list:
+  """The state variable of every SeedGenerator in `model`, in layer order."""
+  return [generator.state
+          for layer in model._flatten_layers(include_self=True)  # pylint: disable=protected-access
+          for generator in getattr(layer, "_seed_generators", [])]
+
+
+def model_variables(model) -> list:
+  """Every model weight, trainable or not, in the model's order."""
+  return list(model.weights)
 
 
 class Checkpoints:
@@ -37,7 +45,8 @@ class Checkpoints:
   def __init__(self, *, model_dir: str, model, optimizer, global_step, keep: int,
                is_chief: bool = True):
     self.directory = os.path.join(model_dir, CHECKPOINT_SUBDIR)
-    self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
+    self.checkpoint = tf.train.Checkpoint(model=model_variables(model),
+                                          optimizer=optimizer,
                                           global_step=global_step,
                                           rng=rng_states(model))
     self._global_step = global_step
@@ -72,7 +81,8 @@ class Checkpoints:
       path = paths[index]
       try:
         self.checkpoint.restore(path).assert_existing_objects_matched()
-      except (tf.errors.OpError, ValueError, AssertionError) as e:
+      except (tf.errors.OpError, ValueError, AssertionError, IndexError) as e:
+        # IndexError: a truncated data file ("Read less bytes than requested").
         logging.warning("checkpoint %s is unreadable (%s); trying the previous one",
                         path, type(e).__name__)
         print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}); "
