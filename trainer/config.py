@@ -214,7 +214,8 @@ def _base_type(field):
 def define_flags(flag_values=None):
   """Defines one absl flag per Config field (on absl's global FLAGS by default)."""
   from absl import flags  # Only the CLI needs absl's flag machinery.
-  flag_values = flag_values or flags.FLAGS
+  if flag_values is None:
+    flag_values = flags.FLAGS
   for field in dataclasses.fields(Config):
     kind, meta, default = _base_type(field), field.metadata, field.default
     kwargs = dict(name=field.name, default=default, help=meta["help"],
@@ -241,7 +242,8 @@ def from_flags(flag_values=None) -> Config:
     ConfigError: a flag value is invalid.
   """
   from absl import flags
-  flag_values = flag_values or flags.FLAGS
+  if flag_values is None:
+    flag_values = flags.FLAGS
   values = {}
   for field in dataclasses.fields(Config):
     value = flag_values[field.name].value
