@@ -1,0 +1,90 @@
+"""The distributed step: equivalence to one device, the per-replica batch assertion,
+the ledger, and K steps per call without retracing."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import trainer
+from trainer import data, loop, steps
+from trainer.config import Config
+from trainer.errors import ReplicaBatchError
+from trainer.state import build_state
+
+from conftest import checkpoint_values
+
+SGD_MLP = dict(dataset="digits", model="mlp", optimizer="sgd", learning_rate=0.5,
+               train_steps=10, summaries=False)
+
+
+def _float_values(model_dir):
+  values = checkpoint_values(f"{model_dir}/checkpoints")
+  return {k: v for k, v in values.items() if v.dtype.kind == "f"}
+
+
+def test_four_replicas_match_one_device(tmp_path):
+  four = trainer.train(Config(model_dir=str(tmp_path / "four"), cpu_devices=4,
+                              per_replica_batch_size=8, **SGD_MLP))
+  one = trainer.train(Config(model_dir=str(tmp_path / "one"), strategy="one_device",
+                             per_replica_batch_size=32, **SGD_MLP))
+  assert four["num_replicas"] == 4 and one["num_replicas"] == 1
+  assert four["global_batch_size"] == one["global_batch_size"] == 32
+  a, b = _float_values(tmp_path / "four"), _float_values(tmp_path / "one")
+  assert a.keys() == b.keys()
+  assert sum(k.startswith("model/") for k in a) == 4  # Two dense layers.
+  for key in a:
+    np.testing.assert_allclose(a[key], b[key], atol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_ledger_counts_one_batch_per_replica_per_step(tmp_path, replicas):
+  results = trainer.train(Config(model_dir=str(tmp_path / "run"), cpu_devices=replicas,
+                                 per_replica_batch_size=4, steps_per_loop=3,
+                                 **dict(SGD_MLP, train_steps=7)))
+  assert results["replica_batches"] == {f"replica_{i}": 7 for i in range(replicas)}
+  assert results["replica_examples"] == {f"replica_{i}": 28 for i in range(replicas)}
+
+
+def _state(tmp_path, **changes):
+  config = Config(model_dir=str(tmp_path), **dict(SGD_MLP, **changes))
+  strategy, is_chief, source = loop.setup(config)
+  return build_state(config, strategy, source, is_chief=is_chief)
+
+
+def test_wrong_batch_size_fires_the_in_graph_assertion(tmp_path):
+  state = _state(tmp_path, cpu_devices=2, per_replica_batch_size=4)
+  # Global batches of 6 split into 3 + 3: not the 4 each replica must get.
+  dataset = data.train_dataset(state.source, global_batch_size=6, seed=0,
+                               shuffle=False, start_step=0)
+  iterator = iter(data.distribute(state.strategy, dataset))
+  with pytest.raises(tf.errors.InvalidArgumentError) as e:
+    state.train_loop(iterator, tf.constant(1))
+  error = steps.replica_batch_error(e.value)
+  assert isinstance(error, ReplicaBatchError)
+  assert "got 3 examples, expected 4" in str(error)
+
+
+def test_ledger_mismatch_names_the_replica(tmp_path):
+  state = _state(tmp_path, cpu_devices=2, per_replica_batch_size=4)
+  iterator = loop._train_iterator(state)  # pylint: disable=protected-access
+  state.train_loop(iterator, tf.constant(2))
+  assert state.train_ledger.check(expected_batches=2,
+                                  per_replica_batch_size=4).tolist() == [2, 2]
+  with pytest.raises(ReplicaBatchError,
+                     match="replica 0 received 2 batches and 8 examples, expected 3"):
+    state.train_ledger.check(expected_batches=3, per_replica_batch_size=4)
+
+
+def test_k_steps_per_call_match_single_steps_and_trace_once(tmp_path):
+  single = _state(tmp_path / "a", cpu_devices=2, per_replica_batch_size=4)
+  iterator = loop._train_iterator(single)  # pylint: disable=protected-access
+  for _ in range(6):
+    single.train_loop(iterator, tf.constant(1))
+  looped = _state(tmp_path / "b", cpu_devices=2, per_replica_batch_size=4)
+  iterator = loop._train_iterator(looped)  # pylint: disable=protected-access
+  for k in (1, 2, 3):
+    looped.train_loop(iterator, tf.constant(k))
+  assert single.step == looped.step == 6
+  for a, b in zip(single.model.weights, looped.model.weights):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6, err_msg=a.path)
+  assert looped.train_loop.experimental_get_tracing_count() == 1
