@@ -85,7 +85,8 @@ class Config:
       "slurm.", choices=CLUSTER_RESOLVERS)
   cross_device_ops: str = _field(
       "auto", "All-reduce implementation: auto, ring or nccl (multi_worker); nccl, "
-      "hierarchical_copy or reduce_to_one_device (mirrored).", choices=CROSS_DEVICE_OPS)
+      "hierarchical_copy or reduce_to_one_device (mirrored). Alias: --communication.",
+      choices=CROSS_DEVICE_OPS)
   cpu_devices: int = _field(1, "Split the CPU into this many logical devices (used "
                             "when no GPU is visible).", lower=1, upper=MAX_CPU_DEVICES,
                             layout=True)
@@ -150,6 +151,9 @@ class Config:
                         "must be 1 to 3 positive sizes, e.g. 28,28,1")
     if self.mode == "eval" and not self.model_dir:
       raise ConfigError("--mode=eval needs --model_dir of a trained run")
+    if self.strategy == "multi_worker" and not self.model_dir:
+      raise ConfigError("--strategy=multi_worker needs --model_dir: every worker "
+                        "must name the same directory")
     unknown = sorted(set(self.hparams) - set(field_names()))
     if unknown:
       raise ConfigError(f"--hparams: unknown flag(s) {', '.join(unknown)}")
@@ -174,6 +178,15 @@ class Config:
     """Returns {name: flag value} of the fields that fix the model and batch layout."""
     return {field.name: _flag_value(getattr(self, field.name))
             for field in dataclasses.fields(self) if field.metadata["layout"]}
+
+
+def flag_table() -> str:
+  """The README's flag table (Markdown), generated from the fields' metadata."""
+  rows = ["| Flag | Default | Meaning |", "|---|---|---|"]
+  for field in dataclasses.fields(Config):
+    default = "" if field.default is None else f"`{_flag_value(field.default)}`"
+    rows.append(f"| `--{field.name}` | {default} | {field.metadata['help']} |")
+  return "\n".join(rows)
 
 
 def field_names() -> list:
@@ -233,6 +246,8 @@ def define_flags(flag_values=None):
       flags.DEFINE_list(**kwargs)
     else:
       flags.DEFINE_string(**kwargs)
+  # The name MultiWorkerMirroredStrategy's own options use for the same choice.
+  flags.DEFINE_alias("communication", "cross_device_ops", flag_values=flag_values)
 
 
 def from_flags(flag_values=None) -> Config:

@@ -8,23 +8,23 @@ import tensorflow as tf
 from trainer.config import Config
 from trainer.errors import ConfigError
 
+_MAX_TASKS_PER_NODE = 1024
 
-def configure_devices(config: Config) -> list:
+
+def configure_devices(config: Config):
   """Makes the requested GPUs visible and splits the CPU, before TF initialises.
 
-  If TensorFlow is already initialised (a Python caller that ran TF ops before, or
-  a test process whose conftest split the CPU), the existing split is used as long as
-  it has enough devices.
+  Touches only physical-device settings, so TensorFlow stays uninitialised:
+  MultiWorkerMirroredStrategy must configure collective ops before that. If
+  TensorFlow is already initialised (a Python caller that ran TF ops before, or a
+  test process whose conftest split the CPU), the existing split is kept and
+  `local_devices` checks that it is enough.
 
   Args:
     config: the run's config (gpus, memory_growth, cpu_devices, threads).
 
-  Returns:
-    The names of the devices the replicas will run on.
-
   Raises:
-    ConfigError: --gpus names an absent GPU, or --cpu_devices is more than an already
-      initialised TensorFlow provides.
+    ConfigError: --gpus names an absent GPU.
   """
   gpus = tf.config.list_physical_devices("GPU")
   if config.gpus is not None:
@@ -37,7 +37,9 @@ def configure_devices(config: Config) -> list:
     tf.config.set_visible_devices(gpus + tf.config.list_physical_devices("CPU"))
     for gpu in gpus:
       tf.config.experimental.set_memory_growth(gpu, config.memory_growth)
-    if not gpus and config.cpu_devices > 1:
+    # MultiWorkerMirroredStrategy runs one replica per worker on a CPU, however the
+    # CPU is split, so only mirrored runs split it.
+    if not gpus and config.cpu_devices > 1 and config.strategy != "multi_worker":
       cpu = tf.config.list_physical_devices("CPU")[0]
       tf.config.set_logical_device_configuration(
           cpu, [tf.config.LogicalDeviceConfiguration()] * config.cpu_devices)
@@ -46,7 +48,17 @@ def configure_devices(config: Config) -> list:
     if config.inter_op_threads:
       tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
   except RuntimeError:
-    pass  # Already initialised: keep the devices it has and check below.
+    pass  # Already initialised: keep the devices it has; local_devices checks them.
+
+
+def local_devices(config: Config) -> list:
+  """The names of this process's devices that the replicas will run on.
+
+  Initialises TensorFlow's devices.
+
+  Raises:
+    ConfigError: --cpu_devices is more than an already initialised TensorFlow has.
+  """
   logical_gpus = tf.config.list_logical_devices("GPU")
   if logical_gpus:
     return [d.name for d in logical_gpus]
@@ -57,12 +69,11 @@ def configure_devices(config: Config) -> list:
   return [d.name for d in cpus[:config.cpu_devices]]
 
 
-def make_strategy(config: Config, devices: list) -> tf.distribute.Strategy:
-  """Builds the strategy named by --strategy over `devices`.
+def make_strategy(config: Config) -> tf.distribute.Strategy:
+  """Builds the strategy named by --strategy, after `configure_devices`.
 
   Args:
     config: the run's config (strategy, cluster_resolver, cross_device_ops).
-    devices: device names from `configure_devices`.
 
   Returns:
     A MirroredStrategy, OneDeviceStrategy or MultiWorkerMirroredStrategy.
@@ -71,6 +82,9 @@ def make_strategy(config: Config, devices: list) -> tf.distribute.Strategy:
     ConfigError: the cross-device ops do not fit the strategy, or the cluster is not
       described.
   """
+  if config.strategy == "multi_worker":
+    return _multi_worker_strategy(config)
+  devices = local_devices(config)
   if config.strategy == "one_device":
     return tf.distribute.OneDeviceStrategy(devices[0])
   if config.strategy == "mirrored":
@@ -82,7 +96,8 @@ def make_strategy(config: Config, devices: list) -> tf.distribute.Strategy:
       # fails. Logical CPU devices share memory: reducing on one costs no copies.
       cross_device_ops = tf.distribute.ReductionToOneDevice()
     return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
-  return _multi_worker_strategy(config)
+  raise ConfigError(f"--strategy={config.strategy}: use one of "
+                    "mirrored, one_device, multi_worker")
 
 
 def _mirrored_cross_device_ops(name):
@@ -107,15 +122,44 @@ def _multi_worker_strategy(config):
   if config.cross_device_ops not in implementations:
     raise ConfigError(f"--cross_device_ops={config.cross_device_ops}: with "
                       "--strategy=multi_worker use auto, ring or nccl")
-  if config.cluster_resolver == "slurm":
-    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
-  else:
-    _check_tf_config()
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  resolver = cluster_resolver(config)
   options = tf.distribute.experimental.CommunicationOptions(
       implementation=implementations[config.cross_device_ops])
-  return tf.distribute.MultiWorkerMirroredStrategy(
-      cluster_resolver=resolver, communication_options=options)
+  try:
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options)
+  except RuntimeError as e:
+    if "program startup" not in str(e):
+      raise
+    raise ConfigError("--strategy=multi_worker must start in a fresh process: "
+                      "TensorFlow was already initialised here") from None
+
+
+def cluster_resolver(config: Config):
+  """The cluster of a multi-worker run, from TF_CONFIG or SLURM's environment.
+
+  Raises:
+    ConfigError: the environment does not describe a cluster.
+  """
+  if config.cluster_resolver == "tf_config":
+    _check_tf_config()
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  resolvers = tf.distribute.cluster_resolver
+  try:
+    # Counted here: TF's own count runs nvidia-smi, absent on CPU-only nodes.
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    if gpus:
+      return resolvers.SlurmClusterResolver(gpus_per_node=gpus)
+    # TF's resolver places tasks on GPU slots, so with none it finds no tasks:
+    # resolve with one notional slot per task, then describe a GPU-less cluster.
+    slurm = resolvers.SlurmClusterResolver(gpus_per_node=_MAX_TASKS_PER_NODE,
+                                           gpus_per_task=1, auto_set_gpu=False)
+    cluster_spec = slurm.cluster_spec()  # Also sets task_type and task_id.
+    return resolvers.SimpleClusterResolver(
+        cluster_spec, task_type=slurm.task_type, task_id=slurm.task_id,
+        num_accelerators={}, rpc_layer=slurm.rpc_layer)
+  except RuntimeError as e:  # A SLURM_* variable is missing.
+    raise ConfigError(f"--cluster_resolver=slurm: {e} (run it under srun)") from None
 
 
 def _check_tf_config():

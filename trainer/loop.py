@@ -46,10 +46,10 @@ def setup(config: Config):
   Returns:
     (strategy, is_chief, source).
   """
-  device_names = devices.configure_devices(config)
+  devices.configure_devices(config)
+  strategy = devices.make_strategy(config)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
-  strategy = devices.make_strategy(config, device_names)
   source = data.load_source(config)
   global_batch = config.per_replica_batch_size * strategy.num_replicas_in_sync
   if len(source.x_train) < global_batch:
@@ -78,13 +78,17 @@ def _train_in_dir(config, strategy, is_chief, source):
   results = Results(config, state)
   summaries = Summaries(config.model_dir, enabled=is_chief and config.summaries)
   progress = Progress(total_steps=config.train_steps, enabled=is_chief and
-                      config.summaries)
+                      config.summaries, speak=is_chief)
   restored = state.checkpoints.restore_latest()
   progress.say(f"model_dir {config.model_dir}: "
                + (f"resuming at step {restored}" if restored is not None
                   else "starting at step 0")
                + f", {state.num_replicas} replica(s) x {config.per_replica_batch_size} "
                f"examples = global batch {state.global_batch_size}")
+  if config.strategy == "multi_worker" and config.cpu_devices > 1 and not any(
+      "GPU" in d.upper() for d in state.strategy.extended.worker_devices):
+    progress.say(f"note: --cpu_devices={config.cpu_devices} is ignored with "
+                 "--strategy=multi_worker on CPUs: each worker runs one replica")
   if is_chief:
     run_dir.write_flags(config.model_dir, config)
   summaries.text("train", state.step, "flags", markdown_flags(config.to_flags()))
@@ -179,7 +183,7 @@ def _train_steps(state, results, summaries, progress, stop_request) -> str:
     if (config.mode == "train_and_eval" and config.eval_every and
         step % config.eval_every == 0):
       _evaluate(state, results, summaries, progress)
-    if _any_worker_stopping(state.strategy, bool(stop_request)):
+    if bool(state.stop_vote(bool(stop_request))):
       state.checkpoints.save()
       progress.say(f"{stop_request.signal_name or 'a stop request'}: saved a checkpoint "
                    f"at step {state.step}; rerun the same command to resume")
@@ -214,12 +218,3 @@ def _evaluate(state, results, summaries, progress):
                                          "accuracy": metrics["accuracy"]})
   progress.say(f"eval at step {state.step}: loss {metrics['loss']:.4f}  accuracy "
                f"{metrics['accuracy']:.4f}  ({metrics['examples']} examples)")
-
-
-def _any_worker_stopping(strategy, stopping: bool) -> bool:
-  """Agrees across workers whether to stop, so all stop at the same step."""
-  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    return stopping
-  votes = strategy.run(lambda: tf.constant(float(stopping)))
-  return float(strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)) > 0
-

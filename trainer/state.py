@@ -28,6 +28,7 @@ class RunState:
   eval_totals: steps.Totals
   train_loop: object
   eval_loop: object
+  stop_vote: object
   eval_batches_delivered: int = 0  # What the eval ledger must show.
 
   @property
@@ -91,4 +92,5 @@ def build_state(config: Config, strategy: tf.distribute.Strategy, source: Source
                   model=model, optimizer=optimizer, global_step=global_step,
                   checkpoints=checkpoints, train_ledger=train_ledger,
                   eval_ledger=eval_ledger, train_totals=train_totals,
-                  eval_totals=eval_totals, train_loop=train_loop, eval_loop=eval_loop)
+                  eval_totals=eval_totals, train_loop=train_loop, eval_loop=eval_loop,
+                  stop_vote=steps.make_stop_vote(strategy))

@@ -221,3 +221,21 @@ def make_eval_loop(*, strategy, model, ledger, totals, per_replica_batch_size):
 
   return eval_loop
 
+
+
+def make_stop_vote(strategy):
+  """Builds `stop_vote(stopping) -> whether any worker is stopping`.
+
+  Workers of a multi-worker run receive signals at different moments; voting after
+  every loop call makes them all stop after the same step (a collective that one
+  worker skipped would hang the others). Outside multi-worker it is the identity.
+  """
+  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    return lambda stopping: stopping
+
+  @tf.function
+  def stop_vote(stopping):
+    votes = strategy.run(lambda s: tf.cast(s, tf.float32), args=(stopping,))
+    return strategy.reduce(_SUM, votes, axis=None) > 0
+
+  return lambda stopping: bool(stop_vote(tf.constant(stopping)))

@@ -67,9 +67,17 @@ def _duration(seconds: float) -> str:
 class Progress:
   """One line per loop call: step/total, loss, accuracy, examples/s, ETA."""
 
-  def __init__(self, *, total_steps: int, enabled: bool):
+  def __init__(self, *, total_steps: int, enabled: bool, speak: bool = True):
+    """Creates the reporter.
+
+    Args:
+      total_steps: the run's --train_steps, for the ETA.
+      enabled: print a line per loop call.
+      speak: print one-off messages (`say`); off on non-chief workers.
+    """
     self._total = total_steps
     self._enabled = enabled
+    self._speak = speak
     self._start = time.perf_counter()
     self._start_step = None
 
@@ -85,6 +93,6 @@ class Progress:
       print(f"step {step}/{self._total}  loss {loss:.4f}  accuracy {accuracy:.4f}  "
             f"{examples_per_second:,.0f} examples/s  ETA {eta}", flush=True)
 
-  @staticmethod
-  def say(message: str):
-    print(message, flush=True)
+  def say(self, message: str):
+    if self._speak:
+      print(message, flush=True)
