@@ -23,11 +23,18 @@ def write_atomic(path: str, text: str):
       f.write(text)
       f.flush()
       os.fsync(f.fileno())
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; others may read a run.
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
 
 
 def write_json(path: str, data: dict):
