@@ -1,5 +1,7 @@
 """Config: one definition per flag, validation with one-line errors, flagfiles."""
 
+import os
+
 import pytest
 from absl import flags
 
@@ -24,12 +26,28 @@ def test_every_field_is_a_flag_with_help():
     (dict(mode="eval"), "--mode=eval needs --model_dir"),
     (dict(hparams=("learning_rate", "lr")), "--hparams: unknown flag(s) lr"),
     (dict(synthetic_shape=(28, 0)), "--synthetic_shape=28,0"),
+    (dict(strategy="multi_worker"), "--strategy=multi_worker needs --model_dir"),
 ])
 def test_invalid_values_name_the_flag(changes, message):
   with pytest.raises(ConfigError) as e:
     Config(**changes)
   assert message in str(e.value)
   assert "\n" not in str(e.value)
+
+
+def test_readme_flag_table_is_current():
+  with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+    readme = f.read()
+  # Regenerate with: python -c "from trainer import config; print(config.flag_table())"
+  assert config_lib.flag_table() in readme
+
+
+def test_communication_is_an_alias_of_cross_device_ops():
+  flag_values = flags.FlagValues()
+  config_lib.define_flags(flag_values)
+  flag_values(["prog", "--communication=ring", "--strategy=multi_worker",
+               "--model_dir=/tmp/x"])
+  assert config_lib.from_flags(flag_values).cross_device_ops == "ring"
 
 
 def test_flags_file_round_trips(tmp_path):
@@ -58,3 +76,18 @@ def test_layout_flags_cover_model_and_batch():
   for name in ("dataset", "model", "per_replica_batch_size", "cpu_devices", "optimizer"):
     assert name in layout
   assert "train_steps" not in layout and "learning_rate" not in layout
+
+
+def test_slurm_cluster_comes_from_slurm_environment(monkeypatch):
+  from trainer import devices  # pylint: disable=g-import-not-at-top
+  config = Config(strategy="multi_worker", cluster_resolver="slurm", model_dir="/x")
+  with pytest.raises(ConfigError, match=r"--cluster_resolver=slurm: SLURM_PROCID not "
+                     r"found in environment.*\(run it under srun\)"):
+    devices.cluster_resolver(config)
+  for name, value in dict(PROCID="1", STEP_NUM_TASKS="2", STEP_NODELIST="node[1-2]",
+                          STEP_TASKS_PER_NODE="1(x2)").items():
+    monkeypatch.setenv(f"SLURM_{name}", value)
+  resolver = devices.cluster_resolver(config)
+  assert resolver.cluster_spec().as_dict() == {"worker": ["node1:8888", "node2:8888"]}
+  assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+  assert resolver.num_accelerators() == {}  # CPU-only: MWMS must not look for GPUs.

@@ -1,0 +1,185 @@
+"""MultiWorkerMirroredStrategy through the local launcher (worker processes on 127.0.0.1).
+
+One uninterrupted 2-worker run (module fixture) is the reference: it must match a
+2-replica mirrored run, leave only the chief's files, and equal bit for bit a run
+whose worker was killed and the cluster relaunched.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO, checkpoint_values, cli_env, run_cli
+
+pytestmark = pytest.mark.slow  # Clusters of processes: about 45 s in all.
+
+TRAIN_STEPS = 600
+# Small SGD steps on the MLP: equal-weight comparison is meaningful and fast.
+FLAGS = ["--dataset=digits", "--model=mlp", "--optimizer=sgd", "--learning_rate=0.05",
+         "--per_replica_batch_size=16", f"--train_steps={TRAIN_STEPS}",
+         "--checkpoint_every=100", "--steps_per_loop=10", "--deterministic",
+         "--seed=3", "--cpu_devices=1"]
+CHIEF_FILES = {"checkpoints", "eval", "export", "flags.txt", "results.json", "train"}
+
+
+def launcher_command(model_dir, *extra, num_workers=2):
+  return [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
+          f"--num_workers={num_workers}", "--grace_seconds=5", "--", *FLAGS,
+          f"--model_dir={model_dir}", *extra]
+
+
+def launch(model_dir, *extra, tmpdir, num_workers=2):
+  return subprocess.run(launcher_command(model_dir, *extra, num_workers=num_workers),
+                        cwd=REPO, env=cli_env(TMPDIR=str(tmpdir)), capture_output=True,
+                        text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  """An uninterrupted 2-worker run: (model_dir, scratch TMPDIR, CompletedProcess)."""
+  root = tmp_path_factory.mktemp("mw")
+  scratch = root / "tmp"
+  scratch.mkdir()
+  model_dir = str(root / "run")
+  result = launch(model_dir, "--mode=train_and_eval", tmpdir=scratch)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  return model_dir, scratch, result
+
+
+def test_two_workers_match_two_mirrored_replicas(reference_run, tmp_path):
+  model_dir, _, _ = reference_run
+  mirrored_dir = str(tmp_path / "mirrored")
+  mirrored = [f for f in FLAGS if f != "--cpu_devices=1"]
+  result = run_cli(*mirrored, "--cpu_devices=2", "--strategy=mirrored",
+                   f"--model_dir={mirrored_dir}")
+  assert result.returncode == 0, result.stderr
+  workers = checkpoint_values(os.path.join(model_dir, "checkpoints"))
+  replicas = checkpoint_values(os.path.join(mirrored_dir, "checkpoints"))
+  model_keys = [k for k in workers if k.startswith("model/")]
+  assert len(model_keys) == 4  # Two dense layers: kernel and bias each.
+  assert set(workers) == set(replicas)
+  for key in model_keys:
+    np.testing.assert_allclose(workers[key], replicas[key], atol=1e-5, err_msg=key)
+  assert int(workers["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == TRAIN_STEPS
+
+
+def test_ledger_covers_every_replica_of_every_worker(reference_run):
+  model_dir, _, result = reference_run
+  with open(os.path.join(model_dir, "results.json")) as f:
+    results = json.load(f)
+  assert results["status"] == "completed"
+  assert results["num_workers"] == 2 and results["num_replicas"] == 2
+  assert results["global_batch_size"] == 32
+  assert results["replica_batches"] == {"replica_0": TRAIN_STEPS,
+                                        "replica_1": TRAIN_STEPS}
+  assert results["replica_examples"] == {"replica_0": TRAIN_STEPS * 16,
+                                         "replica_1": TRAIN_STEPS * 16}
+  # Eval counts the 360 test digits once over both workers, not once per worker.
+  assert results["eval"]["examples"] == 360
+  assert re.search(r"^\[worker 0\] step 600/600", result.stdout, re.M)
+  assert not re.search(r"^\[worker 1\] (step|eval)", result.stdout, re.M)
+
+
+def test_only_the_chief_writes_files(reference_run):
+  model_dir, scratch, _ = reference_run
+  assert set(os.listdir(model_dir)) == CHIEF_FILES
+  # Worker 1 saved its (collective) checkpoints into scratch and removed them.
+  assert not [n for n in os.listdir(scratch) if n.startswith("trainer-worker-")]
+  with open(os.path.join(model_dir, "flags.txt")) as f:
+    assert "--strategy=multi_worker\n" in f.read()
+
+
+def start_launcher(model_dir, *extra, tmpdir, until):
+  """Starts the launcher; returns (process, output so far) once a line matches."""
+  process = subprocess.Popen(
+      launcher_command(model_dir, *extra), cwd=REPO, env=cli_env(TMPDIR=str(tmpdir)),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  lines = []
+  for line in process.stdout:
+    lines.append(line)
+    if re.match(until, line):
+      break
+  return process, "".join(lines)
+
+
+def test_killed_worker_stops_cluster_and_relaunch_resumes(reference_run, tmp_path):
+  reference_dir, _, _ = reference_run
+  model_dir = str(tmp_path / "run")
+  process, output = start_launcher(model_dir, "--mode=train_and_eval", tmpdir=tmp_path,
+                                   until=r"\[worker 0\] step 2\d\d/")  # ckpt-100 saved.
+  try:
+    worker_pid = int(re.search(r"started worker 1 \(pid (\d+)\)", output)[1])
+    os.kill(worker_pid, signal.SIGKILL)
+    output += process.stdout.read()
+    assert process.wait(timeout=60) != 0
+  finally:
+    process.kill()
+  assert f"worker 1 (pid {worker_pid}) failed: killed by SIGKILL" in output
+  assert not os.path.exists(os.path.join(model_dir, "results.json"))
+
+  result = launch(model_dir, "--mode=train_and_eval", tmpdir=tmp_path)
+  assert result.returncode == 0, result.stdout[-3000:]
+  assert re.search(r"resuming at step [1-9]\d*", result.stdout)
+  resumed = checkpoint_values(os.path.join(model_dir, "checkpoints"))
+  reference = checkpoint_values(os.path.join(reference_dir, "checkpoints"))
+  for key in [k for k in reference if k.startswith("model/")]:
+    np.testing.assert_array_equal(resumed[key], reference[key], err_msg=key)
+
+
+def test_sigterm_to_launcher_stops_every_worker_at_one_step(tmp_path):
+  model_dir = str(tmp_path / "run")
+  process, output = start_launcher(model_dir, "--train_steps=100000", tmpdir=tmp_path,
+                                   until=r"\[worker 0\] step \d+/")
+  try:
+    process.send_signal(signal.SIGTERM)
+    output += process.stdout.read()
+    assert process.wait(timeout=60) == 4, output[-2000:]
+  finally:
+    process.kill()
+  stopped = re.search(r"\[worker 0\] SIGTERM: saved a checkpoint at step (\d+)", output)
+  assert stopped, output[-2000:]
+  with open(os.path.join(model_dir, "results.json")) as f:
+    results = json.load(f)
+  assert results["status"] == "interrupted"
+  assert results["global_step"] == int(stopped[1])
+  assert set(results["replica_batches"].values()) == {int(stopped[1])}
+
+
+def test_worker_flag_errors_reach_the_launcher(tmp_path):
+  result = launch(str(tmp_path / "run"), "--dataset=nope", tmpdir=tmp_path)
+  assert result.returncode == 2
+  assert "[worker 0] error: flag --dataset=nope" in result.stdout
+  assert "Traceback" not in result.stdout
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_launcher_rejects_bad_worker_count():
+  result = subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
+       "--num_workers=0", "--", "--model_dir=x"], cwd=REPO, env=cli_env(),
+      capture_output=True, text=True, timeout=60, check=False)
+  assert result.returncode == 2
+  assert "--num_workers=0: must be at least 1" in result.stderr
+
+
+def test_multi_worker_needs_tf_config_and_model_dir(tmp_path):
+  result = run_cli("--strategy=multi_worker", f"--model_dir={tmp_path / 'run'}")
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "error: --strategy=multi_worker needs TF_CONFIG (or --cluster_resolver=slurm); "
+      "see README 'Scaling out'"]
+  result = run_cli("--strategy=multi_worker")
+  assert result.returncode == 2
+  assert "needs --model_dir" in result.stderr
+  env = cli_env()
+  env["TF_CONFIG"] = "{not json"  # cli_env drops any TF_CONFIG of the caller.
+  bad = run_cli("--strategy=multi_worker", f"--model_dir={tmp_path / 'run'}", env=env)
+  assert bad.returncode == 2 and "TF_CONFIG: must be JSON" in bad.stderr
+  assert not os.path.exists(tmp_path / "run")

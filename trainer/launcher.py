@@ -1,0 +1,200 @@
+"""A local multi-worker cluster: N `trainer.main` processes on 127.0.0.1.
+
+Rehearses `--strategy=multi_worker` on one machine: each worker gets free ports and
+the TF_CONFIG a cluster manager (Kubernetes' TF operator, say) would give it, its
+output is streamed with a `[worker i]` prefix, and the launcher returns the chief's
+exit code. A worker that dies makes the others useless (their collectives would
+wait for it forever), so the launcher stops them and says who died and how.
+
+Used by `scripts/launch_workers.py`; `launch` is the Python API.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HOST = "127.0.0.1"
+_POLL_SECONDS = 0.1
+
+
+def free_ports(count: int) -> list:
+  """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind((HOST, 0))
+      sockets.append(s)  # Held open until all are chosen, so they differ.
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def tf_config(ports: list, index: int) -> str:
+  """The TF_CONFIG of worker `index` in a cluster of workers on `ports`."""
+  return json.dumps({"cluster": {"worker": [f"{HOST}:{p}" for p in ports]},
+                     "task": {"type": "worker", "index": index}})
+
+
+def describe_exit(returncode: int) -> str:
+  """'exit code 3' or 'killed by SIGKILL', for a Popen return code."""
+  if returncode < 0:
+    try:
+      return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+      return f"killed by signal {-returncode}"
+  return f"exit code {returncode}"
+
+
+def shell_code(returncode: int) -> int:
+  """A Popen return code as a shell would report it (128 + signal when killed)."""
+  return 128 - returncode if returncode < 0 else returncode
+
+
+class _Worker:
+  """One worker process and the thread that streams its output."""
+
+  def __init__(self, index, command, env, out, out_lock):
+    self.index = index
+    self.name = "chief (worker 0)" if index == 0 else f"worker {index}"
+    self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
+    self._thread = threading.Thread(target=self._stream, args=(out, out_lock),
+                                    daemon=True)
+    self._thread.start()
+
+  def _stream(self, out, out_lock):
+    for line in self.process.stdout:
+      with out_lock:
+        out.write(f"[worker {self.index}] {line}")
+        out.flush()
+
+  def signal(self, signum):
+    if self.process.poll() is None:
+      self.process.send_signal(signum)
+
+  def finish_streaming(self):
+    self._thread.join(timeout=5)
+
+
+def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
+           out=None) -> int:
+  """Runs `python -m trainer.main TRAINER_ARGS --strategy=multi_worker` N times.
+
+  Args:
+    trainer_args: trainer flags, the same for every worker (e.g. --flagfile=...,
+      --model_dir=...).
+    num_workers: how many worker processes; worker 0 is the chief.
+    grace_seconds: after a worker dies, how long the others get to exit on SIGTERM
+      before they are killed.
+    out: where worker output and launcher messages go (default stdout).
+
+  Returns:
+    The chief's exit code when every worker ends on its own; otherwise the exit
+    code of the first worker that failed (128 + signal if it was killed).
+  """
+  out = out or sys.stdout
+  out_lock = threading.Lock()
+
+  def say(message):
+    with out_lock:
+      out.write(f"launch_workers: {message}\n")
+      out.flush()
+
+  ports = free_ports(num_workers)
+  command = [sys.executable, "-m", "trainer.main", *trainer_args,
+             "--strategy=multi_worker"]  # Last, so it overrides a flagfile's.
+  say(f"{num_workers} workers on {', '.join(f'{HOST}:{p}' for p in ports)}")
+  workers = []
+  for index in range(num_workers):
+    env = dict(os.environ, TF_CONFIG=tf_config(ports, index), PYTHONUNBUFFERED="1")
+    workers.append(_Worker(index, command, env, out, out_lock))
+    say(f"started {workers[-1].name} (pid {workers[-1].process.pid})")
+
+  interrupted = []  # Times at which the launcher was asked to stop.
+
+  def forward(signum, frame):
+    del frame
+    if interrupted:  # A second signal: do not wait for a graceful stop.
+      for worker in workers:
+        worker.signal(signal.SIGKILL)
+    interrupted.append(time.monotonic())
+    say(f"{signal.Signals(signum).name}: asking every worker to save and stop")
+    for worker in workers:
+      worker.signal(signal.SIGTERM)
+
+  previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+  failed = None
+  try:
+    while any(w.process.poll() is None for w in workers):
+      if interrupted:
+        # Workers agree on a step to stop at and exit together; give them time.
+        if time.monotonic() - interrupted[0] > grace_seconds + 60:
+          _kill_running(workers, say, "did not stop after the interrupt")
+      else:
+        failed = next((w for w in workers if w.process.poll() not in (None, 0)), None)
+        if failed is not None:
+          say(f"{failed.name} (pid {failed.process.pid}) failed: "
+              f"{describe_exit(failed.process.returncode)}; stopping the other workers")
+          _stop(workers, grace_seconds, say)
+          break
+      time.sleep(_POLL_SECONDS)
+  finally:
+    for sig, old in previous.items():
+      signal.signal(sig, old)
+    for worker in workers:
+      worker.signal(signal.SIGKILL)
+      worker.process.wait()
+      worker.finish_streaming()
+  code = (failed or workers[0]).process.returncode
+  return shell_code(code)
+
+
+def _stop(workers, grace_seconds, say):
+  for worker in workers:
+    worker.signal(signal.SIGTERM)
+  deadline = time.monotonic() + grace_seconds
+  while time.monotonic() < deadline and any(w.process.poll() is None for w in workers):
+    time.sleep(_POLL_SECONDS)
+  _kill_running(workers, say, f"did not stop within {grace_seconds:g}s")
+
+
+def _kill_running(workers, say, why):
+  for worker in workers:
+    if worker.process.poll() is None:
+      say(f"{worker.name} {why}; killing it")
+      worker.signal(signal.SIGKILL)
+
+
+def main(argv=None) -> int:
+  """`python scripts/launch_workers.py --num_workers=N -- TRAINER_FLAGS...`."""
+  parser = argparse.ArgumentParser(
+      prog="launch_workers.py",
+      description="Run a local MultiWorkerMirroredStrategy cluster of trainer "
+                  "processes on 127.0.0.1. Flags after -- go to every worker.")
+  parser.add_argument("--num_workers", type=int, default=2,
+                      help="worker processes to start (default 2); worker 0 is chief")
+  parser.add_argument("--grace_seconds", type=float, default=10.0,
+                      help="after a worker dies, seconds the others get to stop "
+                           "before they are killed (default 10)")
+  parser.add_argument("trainer_args", nargs=argparse.REMAINDER,
+                      help="-- then the trainer flags, e.g. --model_dir=runs/mw")
+  args = parser.parse_args(argv)
+  trainer_args = args.trainer_args
+  if trainer_args[:1] == ["--"]:
+    trainer_args = trainer_args[1:]
+  if args.num_workers < 1:
+    parser.exit(2, f"launch_workers.py: error: --num_workers={args.num_workers}: "
+                   "must be at least 1\n")
+  if args.grace_seconds < 0:
+    parser.exit(2, f"launch_workers.py: error: --grace_seconds={args.grace_seconds:g}"
+                   ": must be >= 0\n")
+  return launch(trainer_args, num_workers=args.num_workers,
+                grace_seconds=args.grace_seconds)
