@@ -21,7 +21,8 @@ from trainer.interrupts import stop_on_signals
 from trainer.results import Results
 from trainer.state import RunState, build_state
 from trainer.steps import replica_batch_error
-from trainer.summaries import Progress, Summaries, markdown_flags
+from trainer.progress import Progress
+from trainer.summaries import Summaries, markdown_flags
 
 _AUTO_TARGET_SECONDS = 1.0  # --steps_per_loop=0: aim for loop calls this long.
 _AUTO_MAX_STEPS = 1000
@@ -216,5 +217,5 @@ def _evaluate(state, results, summaries, progress):
   results.record_eval(state.step, metrics)
   summaries.scalars("eval", state.step, {"loss": metrics["loss"],
                                          "accuracy": metrics["accuracy"]})
-  progress.say(f"eval at step {state.step}: loss {metrics['loss']:.4f}  accuracy "
-               f"{metrics['accuracy']:.4f}  ({metrics['examples']} examples)")
+  progress.report_eval(state.step, loss=metrics["loss"], accuracy=metrics["accuracy"],
+                       examples=metrics["examples"])

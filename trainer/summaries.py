@@ -1,7 +1,6 @@
-"""What a person sees of a run: TensorBoard event files and progress lines."""
+"""TensorBoard event files of a run: scalars, text and hparams, written eagerly."""
 
 import os
-import time
 
 import tensorflow as tf
 
@@ -57,42 +56,3 @@ class Summaries:
 def markdown_flags(flag_lines) -> str:
   """The effective flags as a Markdown code block, for a text summary."""
   return "```\n" + "\n".join(flag_lines) + "\n```"
-
-
-def _duration(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-class Progress:
-  """One line per loop call: step/total, loss, accuracy, examples/s, ETA."""
-
-  def __init__(self, *, total_steps: int, enabled: bool, speak: bool = True):
-    """Creates the reporter.
-
-    Args:
-      total_steps: the run's --train_steps, for the ETA.
-      enabled: print a line per loop call.
-      speak: print one-off messages (`say`); off on non-chief workers.
-    """
-    self._total = total_steps
-    self._enabled = enabled
-    self._speak = speak
-    self._start = time.perf_counter()
-    self._start_step = None
-
-  def report(self, step: int, *, loss: float, accuracy: float,
-             examples_per_second: float):
-    if self._start_step is None:
-      self._start_step, self._start = step, time.perf_counter()
-      eta = "?"
-    else:
-      rate = (step - self._start_step) / max(time.perf_counter() - self._start, 1e-9)
-      eta = _duration((self._total - step) / rate) if rate > 0 else "?"
-    if self._enabled:
-      print(f"step {step}/{self._total}  loss {loss:.4f}  accuracy {accuracy:.4f}  "
-            f"{examples_per_second:,.0f} examples/s  ETA {eta}", flush=True)
-
-  def say(self, message: str):
-    if self._speak:
-      print(message, flush=True)
