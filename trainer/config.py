@@ -194,6 +194,16 @@ def field_names() -> list:
   return [field.name for field in dataclasses.fields(Config)]
 
 
+def field_kind(name: str) -> type:
+  """The type flag `name` holds (str, int, float, bool or list); KeyError if none."""
+  return _base_type({f.name: f for f in dataclasses.fields(Config)}[name])
+
+
+def field_choices(name: str):
+  """The values flag `name` allows, or None when it is not an enum."""
+  return {f.name: f for f in dataclasses.fields(Config)}[name].metadata["choices"]
+
+
 def _flag_value(value) -> str:
   if isinstance(value, (tuple, list)):
     return ",".join(str(v) for v in value)
@@ -266,6 +276,27 @@ def from_flags(flag_values=None) -> Config:
       value = tuple(_parse_list_item(field, item) for item in value)
     values[field.name] = value
   return Config(**values)
+
+
+def from_argv(argv: Sequence[str]) -> Config:
+  """Parses trainer flags (`--flagfile=F`, `--name=value`) exactly as the CLI does.
+
+  Uses private FlagValues, so sweeps and scripts can check a trial's command line
+  without importing TensorFlow or touching the global FLAGS.
+
+  Raises:
+    ConfigError: an unknown or malformed flag, or an invalid value.
+  """
+  from absl import flags
+  flag_values = flags.FlagValues()
+  define_flags(flag_values)
+  try:
+    rest = flag_values(["trainer", *argv])
+  except flags.Error as e:
+    raise ConfigError(str(e).splitlines()[0]) from None
+  if len(rest) > 1:
+    raise ConfigError(f"unexpected arguments {' '.join(rest[1:])!r}")
+  return from_flags(flag_values)
 
 
 def _parse_list_item(field, item):

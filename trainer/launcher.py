@@ -9,7 +9,6 @@ wait for it forever), so the launcher stops them and says who died and how.
 Used by `scripts/launch_workers.py`; `launch` is the Python API.
 """
 
-import argparse
 import json
 import os
 import signal
@@ -18,6 +17,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from trainer import argparsing
 
 HOST = "127.0.0.1"
 _POLL_SECONDS = 0.1
@@ -175,7 +176,7 @@ def _kill_running(workers, say, why):
 
 def main(argv=None) -> int:
   """`python scripts/launch_workers.py --num_workers=N -- TRAINER_FLAGS...`."""
-  parser = argparse.ArgumentParser(
+  parser = argparsing.ArgumentParser(
       prog="launch_workers.py",
       description="Run a local MultiWorkerMirroredStrategy cluster of trainer "
                   "processes on 127.0.0.1. Flags after -- go to every worker.")
@@ -184,7 +185,7 @@ def main(argv=None) -> int:
   parser.add_argument("--grace_seconds", type=float, default=10.0,
                       help="after a worker dies, seconds the others get to stop "
                            "before they are killed (default 10)")
-  parser.add_argument("trainer_args", nargs=argparse.REMAINDER,
+  parser.add_argument("trainer_args", nargs=argparsing.argparse.REMAINDER,
                       help="-- then the trainer flags, e.g. --model_dir=runs/mw")
   args = parser.parse_args(argv)
   trainer_args = args.trainer_args
