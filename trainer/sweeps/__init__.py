@@ -1,0 +1,1 @@
+"""Sweeps: grid and random search over trainer flags (`scripts/sweep.py`)."""

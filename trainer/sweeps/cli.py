@@ -1,0 +1,167 @@
+"""`python scripts/sweep.py --root=R --grid=... --random=... [-- TRAINER FLAGS]`.
+
+Checks the whole spec (every trial's command line, parsed exactly as the trainer
+would parse it) before anything is written, then runs the trials and reports.
+"""
+
+import os
+import shlex
+import sys
+
+from trainer import argparsing
+from trainer import config as config_lib
+from trainer import run_dir
+from trainer.errors import ConfigError, ExitCode, TrainerError
+from trainer.sweeps import report, spec
+from trainer.sweeps.runner import LOG_DIR, Sweep, TrialRun
+
+
+def _parser():
+  parser = argparsing.ArgumentParser(
+      prog="sweep.py", description="Grid or random search over trainer flags; each "
+      "trial is a `python -m trainer.main` run in ROOT/<trial>. Flags after -- go to "
+      "every trial.")
+  parser.add_argument("--root", required=True, help="sweep directory")
+  parser.add_argument("--base_flagfile", help="trainer flagfile every trial starts from")
+  parser.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
+                      help="try each value of a trainer flag (repeatable)")
+  parser.add_argument("--random", action="append", default=[], metavar="NAME=DIST",
+                      help="sample a flag: uniform:LO:HI, loguniform:LO:HI, "
+                           "int:LO:HI or choice:A,B (repeatable)")
+  parser.add_argument("--spec", action="append", default=[], metavar="FILE",
+                      help="a .sweep file: one sweep option per line, e.g. "
+                           "flags/sweeps/lr_batch.sweep")
+  parser.add_argument("--trials", type=int, default=10,
+                      help="random samples (with --random; default 10)")
+  parser.add_argument("--seed", type=int, default=0, help="seed of the random samples")
+  parser.add_argument("--parallel", type=int, default=1, help="trials at once")
+  parser.add_argument("--threads_per_trial", type=int, default=0,
+                      help="TensorFlow threads per trial (default: CPUs / --parallel)")
+  parser.add_argument("--retries", type=int, default=1,
+                      help="extra attempts for a failed trial (default 1)")
+  parser.add_argument("--metric", default="eval/accuracy", choices=report.METRICS,
+                      help="what ranks the trials (default eval/accuracy)")
+  parser.add_argument("--goal", choices=("max", "min"),
+                      help="default: min for losses, else max")
+  parser.add_argument("--dry_run", action="store_true",
+                      help="print the trials and their commands; run nothing")
+  parser.add_argument("trainer_args", nargs=argparsing.argparse.REMAINDER,
+                      help="-- then trainer flags for every trial")
+  return parser
+
+
+def _parse(argv):
+  """Parses argv with .sweep files expanded in place of their --spec."""
+  parser = _parser()
+  args = parser.parse_args(argv)
+  for path in args.spec:
+    lines = spec.read_spec_file(path)
+    if any(line.startswith(("--spec", "--root")) for line in lines):
+      raise ConfigError(f"--spec={path}: a .sweep file cannot set --spec or --root")
+    for line in lines:
+      if not line.startswith(("--grid=", "--random=", "--trials=", "--seed=",
+                              "--metric=", "--goal=", "--base_flagfile=")):
+        raise ConfigError(f"--spec={path}: {line!r} is not a sweep option (use "
+                          "--grid=, --random=, --trials=, --seed=, --metric=, "
+                          "--goal=, --base_flagfile=)")
+    # The file's options first, so the command line overrides them.
+    args = parser.parse_args(lines + [a for a in argv if a != f"--spec={path}"])
+  if args.trainer_args[:1] == ["--"]:
+    args.trainer_args = args.trainer_args[1:]
+  args.goal = args.goal or ("min" if args.metric.endswith("loss") else "max")
+  return args
+
+
+def _check(args):
+  for name in ("parallel", "trials", "threads_per_trial", "retries"):
+    low = 0 if name in ("threads_per_trial", "retries") else 1
+    if getattr(args, name) < low:
+      raise ConfigError(f"--{name}={getattr(args, name)}: must be >= {low}")
+  if args.base_flagfile and not os.path.isfile(args.base_flagfile):
+    raise ConfigError(f"--base_flagfile={args.base_flagfile}: no such file")
+  args.threads_per_trial = (args.threads_per_trial or
+                            max(1, (os.cpu_count() or 1) // args.parallel))
+
+
+def build_runs(args) -> tuple:
+  """(params, [TrialRun]) for the spec, each trial's flags checked like the CLI.
+
+  Raises:
+    ConfigError: naming the bad option, or the trial and flag that is invalid.
+  """
+  _check(args)
+  params = ([spec.parse_grid(g) for g in args.grid] +
+            [spec.parse_random(r) for r in args.random])
+  trials = spec.expand(params, trials=args.trials, seed=args.seed)
+  threads = args.threads_per_trial
+  base = [f"--flagfile={args.base_flagfile}"] if args.base_flagfile else []
+  hparams = ",".join(p.name for p in params)
+  runs = []
+  for trial in trials:
+    model_dir = os.path.join(args.root, trial.name)
+    trainer_args = [*base, f"--intra_op_threads={threads}",
+                    f"--inter_op_threads={threads}", *args.trainer_args,
+                    *trial.flags(), f"--model_dir={model_dir}", f"--hparams={hparams}"]
+    try:
+      config = config_lib.from_argv(trainer_args)
+    except ConfigError as e:
+      raise ConfigError(f"trial {trial.name}: {e}") from None
+    if args.metric.startswith("eval/") and config.mode != "train_and_eval":
+      raise ConfigError(f"--metric={args.metric}: trial {trial.name} runs --mode="
+                        f"{config.mode}, which does not evaluate; add -- "
+                        "--mode=train_and_eval or pick --metric=train/loss")
+    runs.append(TrialRun(
+        trial=trial, command=[sys.executable, "-m", "trainer.main", *trainer_args],
+        model_dir=model_dir, log_path=os.path.join(args.root, LOG_DIR,
+                                                   trial.name + ".log")))
+  return params, runs
+
+
+def _print_dry_run(runs):
+  for run in runs:
+    print(f"{run.name}\n  python {shlex.join(run.command[1:])}")
+  print(f"{len(runs)} trials (dry run: nothing was started)")
+
+
+def _replace_hparams_config(root, params):
+  """Writes ROOT's HParams config, replacing the one an earlier invocation wrote."""
+  for name in os.listdir(root):
+    if name.startswith("events.out.tfevents."):
+      os.remove(os.path.join(root, name))  # Only the sweep writes events at ROOT.
+  report.write_hparams_config(root, params)
+
+
+def main(argv=None) -> int:
+  """Runs the sweep; returns the exit code (see Sweep.run; 2 for a bad spec)."""
+  argv = sys.argv[1:] if argv is None else argv
+  try:
+    args = _parse(argv)
+    params, runs = build_runs(args)
+  except ConfigError as e:
+    print(f"sweep.py: error: {e}", file=sys.stderr)
+    return int(ExitCode.BAD_INPUT)
+  if args.dry_run:
+    _print_dry_run(runs)
+    return 0
+  try:
+    run_dir.ensure_writable(args.root)
+    with run_dir.locked(args.root):
+      _replace_hparams_config(args.root, params)
+      names = [p.name for p in params]
+      print(f"sweep {args.root}: {len(runs)} trials, {args.parallel} at a time, "
+            f"{args.threads_per_trial} TensorFlow threads each", flush=True)
+      sweep = Sweep(root=args.root, runs=runs, parallel=args.parallel,
+                    retries=args.retries,
+                    table=lambda rs: report.live_table(rs, names))
+      code = sweep.run()
+      report.write_results(args.root, runs, names, metric=args.metric,
+                           goal=args.goal)
+  except TrainerError as e:
+    print(f"sweep.py: error: {e}", file=sys.stderr)
+    return int(e.exit_code)
+  print(f"results: {os.path.join(args.root, report.RESULTS_CSV)}, "
+        f"{os.path.join(args.root, report.RESULTS_MD)}")
+  print(report.best_summary(runs, metric=args.metric, goal=args.goal))
+  if code == int(ExitCode.INTERRUPTED):
+    print("interrupted: rerun the same command to resume the unfinished trials")
+  return code

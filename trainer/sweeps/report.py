@@ -1,0 +1,118 @@
+"""What a sweep shows: the live table, results.csv/.md, the best trial, HParams config."""
+
+import csv
+import io
+import math
+import os
+import shlex
+
+from trainer import run_dir, tf_loader
+from trainer.sweeps.spec import Param, flag_text
+
+METRICS = ("eval/accuracy", "eval/loss", "train/loss", "train/accuracy",
+           "examples_per_second")
+# TensorBoard HParams metrics: (tag, group = the trial's subdirectory holding it).
+HPARAMS_METRICS = (("accuracy", "eval"), ("loss", "eval"), ("loss", "train"))
+RESULTS_CSV = "results.csv"
+RESULTS_MD = "results.md"
+
+
+def _number(value) -> str:
+  if value is None:
+    return ""
+  if isinstance(value, float):
+    if not math.isfinite(value):
+      return str(value)
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+  return str(value)
+
+
+def ranked(runs: list, *, metric: str, goal: str) -> list:
+  """Runs ordered best first by `metric`; those without it last, by name."""
+  scored = [r for r in runs if isinstance(r.metrics.get(metric), (int, float))
+            and math.isfinite(r.metrics[metric]) and r.status == "completed"]
+  rest = sorted((r for r in runs if r not in scored), key=lambda r: r.name)
+  return sorted(scored, key=lambda r: r.metrics[metric],
+                reverse=goal == "max") + rest
+
+
+def rows(runs: list, names: list) -> tuple:
+  """(header, rows of strings) shared by the CSV, the Markdown and the live table.
+
+  Args:
+    runs: TrialRuns, in the order to show.
+    names: the swept flags, one column each.
+  """
+  header = ["trial", "status", *names, "step", *METRICS,
+            "attempts", "elapsed_s", "error"]
+  body = []
+  for run in runs:
+    body.append([run.name, run.status,
+                 *[flag_text(run.trial.values.get(n, "")) for n in names],
+                 _number(run.metrics.get("step")),
+                 *[_number(run.metrics.get(m)) for m in METRICS],
+                 str(run.attempts), f"{run.elapsed:.1f}", run.error])
+  return header, body
+
+
+def live_table(runs: list, names: list) -> str:
+  """A fixed-width table of every trial (status, step, latest metrics, elapsed)."""
+  header, body = rows(runs, names)
+  keep = [i for i, h in enumerate(header) if h not in ("error", "attempts",
+                                                        "examples_per_second")]
+  table = [[r[i] for i in keep] for r in [header] + body]
+  widths = [max(len(row[i]) for row in table) for i in range(len(keep))]
+  lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+           for row in table]
+  counts = {}
+  for run in runs:
+    counts[run.status] = counts.get(run.status, 0) + 1
+  summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+  return "\n".join(lines + [f"({summary})"])
+
+
+def write_results(root: str, runs: list, names: list, *, metric: str, goal: str):
+  """Writes ROOT/results.csv and ROOT/results.md, best trial first."""
+  header, body = rows(ranked(runs, metric=metric, goal=goal), names)
+  buffer = io.StringIO()
+  writer = csv.writer(buffer, lineterminator="\n")
+  writer.writerow(header)
+  writer.writerows(body)
+  run_dir.write_atomic(os.path.join(root, RESULTS_CSV), buffer.getvalue())
+  lines = [f"Sorted by {metric} ({goal}).", "",
+           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
+            for row in body]
+  run_dir.write_atomic(os.path.join(root, RESULTS_MD), "\n".join(lines) + "\n")
+
+
+def best_summary(runs: list, *, metric: str, goal: str) -> str:
+  """'best: NAME (metric = v)' and the command that reproduces it, or why none."""
+  best = ranked(runs, metric=metric, goal=goal)
+  if not best or best[0].status != "completed" or metric not in best[0].metrics:
+    return f"no completed trial reported {metric}"
+  run = best[0]
+  return (f"best: {run.name} ({metric} = {_number(run.metrics[metric])})\n"
+          f"  python {shlex.join(run.command[1:])}")
+
+
+def write_hparams_config(root: str, params: list):
+  """Writes the HParams experiment (swept flags, domains, metrics) at ROOT."""
+  tf = tf_loader.load_tensorflow()
+  from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
+  hparams = [hp.HParam(p.name, _domain(hp, p)) for p in params]
+  metrics = [hp.Metric(tag, group=group, display_name=f"{group}/{tag}")
+             for tag, group in HPARAMS_METRICS]
+  writer = tf.summary.create_file_writer(root)
+  with writer.as_default():
+    hp.hparams_config(hparams=hparams, metrics=metrics)
+  writer.close()
+
+
+def _domain(hp, param: Param):
+  if param.distribution in ("grid", "choice"):
+    values = list(param.values)
+    return hp.Discrete(values)
+  if param.distribution == "int":
+    return hp.IntInterval(int(param.low), int(param.high))
+  return hp.RealInterval(float(param.low), float(param.high))
