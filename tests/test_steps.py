@@ -70,9 +70,12 @@ def test_ledger_mismatch_names_the_replica(tmp_path):
   state.train_loop(iterator, tf.constant(2))
   assert state.train_ledger.check(expected_batches=2,
                                   per_replica_batch_size=4).tolist() == [2, 2]
-  with pytest.raises(ReplicaBatchError,
-                     match="replica 0 received 2 batches and 8 examples, expected 3"):
+  with pytest.raises(ReplicaBatchError, match="replica 0 received 2 batches and 8 "
+                     "examples in a loop call, expected 3 and 12"):
     state.train_ledger.check(expected_batches=3, per_replica_batch_size=4)
+  state.train_loop(iterator, tf.constant(3))  # Counts restart with each call...
+  assert state.train_ledger.check(expected_batches=3,  # ...and add up on the host.
+                                  per_replica_batch_size=4).tolist() == [5, 5]
 
 
 def test_k_steps_per_call_match_single_steps_and_trace_once(tmp_path):

@@ -29,8 +29,7 @@ def evaluate_once(state: RunState) -> dict:
     state.eval_loop(iterator, tf.constant(num_batches))
   except tf.errors.InvalidArgumentError as e:
     raise replica_batch_error(e) or e
-  state.eval_batches_delivered += num_batches
-  state.eval_ledger.check(expected_batches=state.eval_batches_delivered,
+  state.eval_ledger.check(expected_batches=num_batches,
                           per_replica_batch_size=state.config.per_replica_batch_size)
   totals = state.eval_totals.read()
   examples = totals["examples"]

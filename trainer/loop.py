@@ -143,40 +143,43 @@ def _train_steps(state, results, summaries, progress, stop_request) -> str:
     return "completed"
   iterator = _train_iterator(state)
   steps_per_loop = config.steps_per_loop or 1  # Auto: one step first (it traces).
-  batches_delivered, rollbacks = 0, 0
-  while state.step < config.train_steps:
-    num_steps = min(steps_per_loop, _next_stop(state.step, config) - state.step)
+  rollbacks = 0
+  step = state.step  # Then from each call's outputs: reading the variable is an op.
+  while step < config.train_steps:
+    num_steps = min(steps_per_loop, _next_stop(step, config) - step)
     start = time.perf_counter()
     try:
-      grad_norm, all_finite = state.train_loop(iterator, tf.constant(num_steps))
+      out = {k: v.numpy() for k, v in
+             state.train_loop(iterator, tf.constant(num_steps)).items()}
     except tf.errors.InvalidArgumentError as e:
       raise replica_batch_error(e) or e
-    totals = state.train_totals.read()  # Waits for the call to finish.
     seconds = time.perf_counter() - start
-    batches_delivered += num_steps
-    ledger = state.train_ledger.check(expected_batches=batches_delivered,
-                                      per_replica_batch_size=config.per_replica_batch_size)
-    step = state.step
-    loss = totals["loss"] / num_steps
-    accuracy = totals["correct"] / max(totals["examples"], 1)
-    if not (bool(all_finite) and math.isfinite(loss)):
+    ledger = state.train_ledger.check(
+        expected_batches=num_steps,
+        per_replica_batch_size=config.per_replica_batch_size,
+        counts=(out["ledger_batches"], out["ledger_examples"]))
+    step = int(out["step"])
+    loss = float(out["loss"]) / num_steps
+    accuracy = float(out["correct"]) / max(float(out["examples"]), 1)
+    if not bool(out["all_finite"]):
       if config.on_nan == "rollback" and rollbacks < _MAX_ROLLBACKS:
         rollbacks += 1
         iterator = _roll_back(state, progress, step)
+        step = state.step
         continue
       results.finish("diverged")
       raise DivergedError(f"non-finite loss or gradients at step {step} (loss {loss}); "
                           "the last good checkpoint is kept. Lower --learning_rate or "
                           "use --on_nan=rollback")
-    results.record_train_call(step=step, steps=num_steps, seconds=seconds, loss=loss,
+    results.record_train_call(step=step, steps=num_steps, loss=loss,
                               accuracy=accuracy, ledger=ledger)
     examples_per_second = num_steps * state.global_batch_size / seconds
     summaries.scalars("train", step, {
-        "loss": loss, "accuracy": accuracy, "gradient_norm": float(grad_norm),
-        "learning_rate": float(tf.convert_to_tensor(state.optimizer.learning_rate)),
+        "loss": loss, "accuracy": accuracy, "gradient_norm": out["gradient_norm"],
+        "learning_rate": out["learning_rate"],
         "examples_per_second": examples_per_second,
         "steps_per_second": num_steps / seconds,
-        **{f"replica_batches/replica_{i}": float(n) for i, n in enumerate(ledger)}})
+        **{f"replica_batches/replica_{i}": n for i, n in enumerate(ledger)}})
     progress.report(step, loss=loss, accuracy=accuracy,
                     examples_per_second=examples_per_second)
     if step % config.checkpoint_every == 0 or step >= config.train_steps:
@@ -187,7 +190,7 @@ def _train_steps(state, results, summaries, progress, stop_request) -> str:
     if bool(state.stop_vote(bool(stop_request))):
       state.checkpoints.save()
       progress.say(f"{stop_request.signal_name or 'a stop request'}: saved a checkpoint "
-                   f"at step {state.step}; rerun the same command to resume")
+                   f"at step {step}; rerun the same command to resume")
       return "interrupted"
     if not config.steps_per_loop:
       steps_per_loop = _auto_steps_per_loop(num_steps, seconds, first=results.calls == 1)

@@ -3,6 +3,7 @@
 import os
 import platform
 import resource
+import statistics
 import time
 
 import psutil
@@ -29,7 +30,8 @@ class Results:
     self._path = os.path.join(config.model_dir, run_dir.RESULTS_FILE)
     previous = run_dir.read_json(self._path) or {}
     self.calls = 0
-    self._timed_steps, self._timed_seconds = 0, 0.0
+    self._intervals = []  # (steps, wall seconds) of each loop call after the first.
+    self._last_call_end = None
     self.eval_step = None
     self.data = {
         "num_replicas": state.num_replicas,
@@ -45,14 +47,20 @@ class Results:
         "best_eval": previous.get("best_eval"),
     }
 
-  def record_train_call(self, *, step, steps, seconds, loss, accuracy, ledger):
-    """Records one loop call (the first, which traces, is left out of the speed)."""
+  def record_train_call(self, *, step, steps, loss, accuracy, ledger):
+    """Records one loop call, right after it finished.
+
+    Speed is wall-clock time from the end of one call to the end of the next, so it
+    includes everything the loop does between calls (ledger check, summaries,
+    progress, checkpoints, evals). The first call, which traces, is left out.
+    """
+    now = time.perf_counter()
     self.calls += 1
     if self.calls == 1:
       self.data["time_to_first_step_s"] = round(seconds_since_process_start(), 3)
     else:
-      self._timed_steps += steps
-      self._timed_seconds += seconds
+      self._intervals.append((steps, now - self._last_call_end))
+    self._last_call_end = now
     self.data["train"] = {"loss": loss, "accuracy": accuracy, "step": step}
     self.data["replica_batches"] = {f"replica_{i}": int(n) for i, n in enumerate(ledger)}
 
@@ -68,13 +76,15 @@ class Results:
     state = self._state
     self.data["status"] = status
     self.data["global_step"] = state.step
-    examples = state.train_ledger.read()[1]
-    self.data["replica_examples"] = {f"replica_{i}": int(n)
-                                     for i, n in enumerate(examples)}
-    if self._timed_seconds:
-      self.data["steps_per_second"] = self._timed_steps / self._timed_seconds
-      self.data["examples_per_second"] = (self.data["steps_per_second"] *
-                                          state.global_batch_size)
+    self.data["replica_examples"] = {
+        f"replica_{i}": int(n) for i, n in enumerate(state.train_ledger.total_examples)}
+    if self._intervals:
+      steps, seconds = (sum(column) for column in zip(*self._intervals))
+      self.data["steps_per_second"] = steps / seconds
+      self.data["examples_per_second"] = steps / seconds * state.global_batch_size
+      self.data["examples_per_second_median"] = statistics.median(
+          n / t * state.global_batch_size for n, t in self._intervals)
+      self.data["timed_loop_calls"] = len(self._intervals)
     self.data["peak_rss_mib"] = round(peak_rss_mib(), 1)
     if state.is_chief:
       run_dir.write_json(self._path, self.data)

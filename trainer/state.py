@@ -29,7 +29,6 @@ class RunState:
   train_loop: object
   eval_loop: object
   stop_vote: object
-  eval_batches_delivered: int = 0  # What the eval ledger must show.
 
   @property
   def num_replicas(self) -> int:
