@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""One benchmark variant in its own process; prints one `BENCHMARK_RESULT {json}` line.
+
+Run by scripts/benchmark.py. Every variant trains the same model (trainer.models) on
+the same tf.data pipeline (trainer.data: same source, global batch, order) under the
+same strategy (trainer.devices), and times windows of --steps_per_loop steps after
+a warm-up window that absorbs tracing. A window ends at a host sync (a value read
+back), so queued work cannot hide in it.
+
+Variants:
+  trainer        trainer.train(config), the public API (speed from its results.json:
+                 wall clock between loop-call ends, so host work between calls counts)
+  trainer_quiet  the same with --summaries=false (no summaries or progress lines)
+  seed_loop      hand-written: one strategy.run per tf.function call (the seed's shape)
+  k_loop         hand-written: K steps per tf.function call (tf.range): the ceiling
+  keras_fit      Keras 3 model.fit under the strategy, --steps_per_execution=E
+  single_device  the K-step loop with no strategy, same global batch
+  pipeline       the distributed input alone: next() K times per call, no model
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import psutil
+
+from trainer import tf_loader
+
+VARIANTS = ("trainer", "trainer_quiet", "seed_loop", "k_loop", "keras_fit",
+            "single_device", "pipeline")
+
+
+def _since_process_start():
+  return time.time() - psutil.Process().create_time()
+
+
+def _peak_rss_mib():
+  import resource  # pylint: disable=g-import-not-at-top
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _config(args, **overrides):
+  from trainer.config import Config  # pylint: disable=g-import-not-at-top
+  values = dict(dataset=args.dataset, model=args.model, cpu_devices=args.replicas,
+                per_replica_batch_size=args.per_replica_batch_size, optimizer="adam",
+                learning_rate=1e-3, seed=0, synthetic_examples=4096,
+                synthetic_shape=(28, 28, 1), steps_per_loop=args.steps_per_loop,
+                mixed_precision=args.mixed_precision, jit_compile=args.jit_compile)
+  values.update(overrides)
+  return Config(**values)
+
+
+def _windows(run_window, args):
+  """Runs warm-up and timed windows; returns (examples/s per window, ttfs)."""
+  run_window()  # Traces.
+  ttfs = _since_process_start()
+  for _ in range(args.warmup_windows):
+    run_window()
+  rates = []
+  for _ in range(args.windows):
+    start = time.perf_counter()
+    run_window()
+    rates.append(args.steps_per_loop * args.global_batch / (time.perf_counter() - start))
+  return rates, ttfs
+
+
+def run_trainer(args, *, summaries):
+  import trainer  # pylint: disable=g-import-not-at-top
+  # One loop call per window (the first traces), unless --train_steps is given
+  # (--steps_per_loop=0 lets the trainer size its calls).
+  train_steps = args.train_steps or (
+      (1 + args.warmup_windows + args.windows) * args.steps_per_loop)
+  with tempfile.TemporaryDirectory() as model_dir:
+    config = _config(args, model_dir=model_dir, train_steps=train_steps,
+                     checkpoint_every=10**9, summaries=summaries)
+    results = trainer.train(config)
+  return {"examples_per_second": results["examples_per_second_median"],
+          "time_to_first_call_s": results["time_to_first_step_s"],
+          "timed_windows": results["timed_loop_calls"]}
+
+
+def _setup(args, *, strategy_free=False):
+  from trainer import data, devices  # pylint: disable=g-import-not-at-top
+  config = _config(args, cpu_devices=1 if strategy_free else args.replicas)
+  devices.configure_devices(config)
+  strategy = None if strategy_free else devices.make_strategy(config)
+  source = data.load_source(config)
+  dataset = data.train_dataset(source, global_batch_size=args.global_batch, seed=0,
+                               shuffle=True, start_step=0)
+  return config, strategy, source, dataset
+
+
+def _model_and_optimizer(config, source, strategy):
+  import contextlib  # pylint: disable=g-import-not-at-top
+  from trainer import models  # pylint: disable=g-import-not-at-top
+  with strategy.scope() if strategy else contextlib.nullcontext():
+    model = models.build_model(config, input_shape=source.input_shape,
+                               num_classes=source.num_classes)
+    optimizer = models.build_optimizer(config)
+    optimizer.build(model.trainable_variables)
+  return model, optimizer
+
+
+def run_hand_loop(args, *, k_steps, strategy_free=False):
+  tf = tf_loader.load_tensorflow()
+  import keras  # pylint: disable=g-import-not-at-top
+  from trainer import data  # pylint: disable=g-import-not-at-top
+  config, strategy, source, dataset = _setup(args, strategy_free=strategy_free)
+  model, optimizer = _model_and_optimizer(config, source, strategy)
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                       reduction="none")
+
+  def replica_step(x, y):
+    with tf.GradientTape() as tape:
+      loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)),
+                                        global_batch_size=args.global_batch)
+      scaled = optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  def step(iterator):
+    if strategy is None:
+      return replica_step(*next(iterator))
+    losses = strategy.run(replica_step, args=next(iterator))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+  iterator = iter(dataset if strategy is None else data.distribute(strategy, dataset))
+  if k_steps:
+    @tf.function
+    def loop(iterator, k):
+      loss = tf.constant(0.0)
+      for _ in tf.range(k):
+        loss = step(iterator)
+      return loss
+
+    k = tf.constant(args.steps_per_loop)
+    run_window = lambda: float(loop(iterator, k))
+  else:
+    step_fn = tf.function(step)
+
+    def run_window():
+      for _ in range(args.steps_per_loop):
+        loss = step_fn(iterator)
+      return float(loss)  # One sync per window, as a loop that logs would do.
+
+  rates, ttfs = _windows(run_window, args)
+  return {"examples_per_second": statistics.median(rates), "windows": rates,
+          "time_to_first_call_s": ttfs}
+
+
+def run_keras_fit(args):
+  tf = tf_loader.load_tensorflow()
+  import keras  # pylint: disable=g-import-not-at-top
+  config, strategy, source, dataset = _setup(args)
+  k, e = args.steps_per_loop, args.steps_per_execution
+  if k % e:
+    raise ValueError(f"--steps_per_execution={e} must divide --steps_per_loop={k}")
+  marks = []  # perf_counter at each window end.
+  first = []
+
+  class WindowTimer(keras.callbacks.Callback):
+
+    def on_train_batch_end(self, batch, logs=None):
+      if (batch + 1) % k == 0:
+        float(logs["loss"])  # Sync: the window's work is done.
+        marks.append(time.perf_counter())
+        if not first:
+          first.append(_since_process_start())
+
+  from trainer import models  # pylint: disable=g-import-not-at-top
+  with strategy.scope():
+    model = models.build_model(config, input_shape=source.input_shape,
+                               num_classes=source.num_classes)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=e)
+  windows = 1 + args.warmup_windows + args.windows
+  model.fit(dataset, epochs=1, steps_per_epoch=windows * k, verbose=0,
+            callbacks=[WindowTimer()])
+  del tf
+  timed = marks[args.warmup_windows:]  # From the end of the last warm-up window.
+  rates = [k * args.global_batch / (b - a) for a, b in zip(timed, timed[1:])]
+  return {"examples_per_second": statistics.median(rates), "windows": rates,
+          "time_to_first_call_s": first[0], "steps_per_execution": e}
+
+
+def run_pipeline(args):
+  tf = tf_loader.load_tensorflow()
+  from trainer import data  # pylint: disable=g-import-not-at-top
+  _, strategy, _, dataset = _setup(args)
+  iterator = iter(data.distribute(strategy, dataset))
+
+  @tf.function
+  def drain(iterator, k):
+    total = tf.constant(0, tf.int64)
+    for _ in tf.range(k):
+      _, y = next(iterator)
+      total += tf.cast(tf.reduce_sum(strategy.experimental_local_results(y)[0]),
+                       tf.int64)
+    return total
+
+  k = tf.constant(args.steps_per_loop)
+  rates, ttfs = _windows(lambda: int(drain(iterator, k)), args)
+  return {"examples_per_second": statistics.median(rates), "windows": rates,
+          "time_to_first_call_s": ttfs}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--variant", choices=VARIANTS, required=True)
+  parser.add_argument("--model", default="cnn")
+  parser.add_argument("--dataset", default="synthetic")
+  parser.add_argument("--replicas", type=int, default=2)
+  parser.add_argument("--per_replica_batch_size", type=int, default=32)
+  parser.add_argument("--steps_per_loop", type=int, default=20)
+  parser.add_argument("--steps_per_execution", type=int, default=20)
+  parser.add_argument("--windows", type=int, default=5)
+  parser.add_argument("--warmup_windows", type=int, default=1)
+  parser.add_argument("--train_steps", type=int, default=0,
+                      help="trainer variants: total steps (default: the windows)")
+  parser.add_argument("--mixed_precision", default="none")
+  parser.add_argument("--jit_compile", action="store_true")
+  args = parser.parse_args()
+  args.global_batch = args.per_replica_batch_size * args.replicas
+  tf_loader.load_tensorflow()
+  runners = {
+      "trainer": lambda: run_trainer(args, summaries=True),
+      "trainer_quiet": lambda: run_trainer(args, summaries=False),
+      "seed_loop": lambda: run_hand_loop(args, k_steps=False),
+      "k_loop": lambda: run_hand_loop(args, k_steps=True),
+      "keras_fit": lambda: run_keras_fit(args),
+      "single_device": lambda: run_hand_loop(args, k_steps=True, strategy_free=True),
+      "pipeline": lambda: run_pipeline(args),
+  }
+  try:
+    result = runners[args.variant]()
+  except Exception as e:  # pylint: disable=broad-except
+    # Reported, not raised: e.g. Keras fit with steps_per_execution > 1 under
+    # MirroredStrategy fails in Keras 3.15, and the driver then retries with 1.
+    result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+  result.update(variant=args.variant, peak_rss_mib=round(_peak_rss_mib(), 1))
+  print("BENCHMARK_RESULT " + json.dumps(result), flush=True)
+  return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  sys.exit(main())

@@ -1,0 +1,267 @@
+#!/usr/bin/env python
+"""Benchmarks trainer against hand-written loops, Keras fit and a single device.
+
+  python scripts/benchmark.py                      # the README's table (~20 min)
+  python scripts/benchmark.py --quick --json=b.json
+
+Each variant runs in its own process (scripts/bench_variants.py) on the same model,
+strategy, replica count, global batch, data pipeline and step count. Examples/s is
+the median of timed windows after a warm-up that absorbs tracing; with --repeats the
+variants are interleaved and the median of the repeats is reported, since a shared
+2-core machine drifts. Also reported: time from process start to the end of the
+first loop call, peak resident memory, the input pipeline alone, the quickstart
+run's time to first step, and the fast-path flags.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(REPO, "scripts", "bench_variants.py")
+VARIANTS = ("trainer", "trainer_quiet", "seed_loop", "k_loop", "keras_fit",
+            "single_device", "pipeline")
+# (name, variant, extra worker flags): each fast-path flag, on one configuration.
+FAST_PATHS = (("trainer", "trainer", []),
+              ("trainer --mixed_precision=mixed_bfloat16", "trainer",
+               ["--mixed_precision=mixed_bfloat16"]),
+              ("trainer --mixed_precision=mixed_float16", "trainer",
+               ["--mixed_precision=mixed_float16"]),
+              ("trainer --jit_compile", "trainer", ["--jit_compile"]),
+              ("trainer --steps_per_loop=0 (auto)", "trainer",
+               ["--steps_per_loop=0", "--train_steps=1500"]))
+TARGETS = (("trainer / k_loop", 0.97), ("trainer / keras_fit", 2.0),
+           ("trainer / seed_loop", 1.3), ("trainer / trainer_quiet", 0.97))
+
+
+def _machine() -> dict:
+  model = "unknown CPU"
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next(line.split(":", 1)[1].strip() for line in f
+                   if line.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  versions = subprocess.run(
+      [sys.executable, "-c", "import tensorflow as tf, keras; "
+       "print(tf.__version__, keras.__version__)"], capture_output=True, text=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), check=False).stdout.split()
+  return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+          "tensorflow": versions[0] if versions else "?",
+          "keras": versions[1] if len(versions) > 1 else "?"}
+
+
+def run_variant(variant, *, model, dataset, replicas, args, extra=()):
+  """Runs one variant process; returns its result dict (with "error" on failure)."""
+  command = [sys.executable, WORKER, f"--variant={variant}", f"--model={model}",
+             f"--dataset={dataset}", f"--replicas={replicas}",
+             f"--per_replica_batch_size={args.per_replica_batch_size}",
+             f"--steps_per_loop={args.steps_per_loop}", f"--windows={args.windows}",
+             *extra]
+  start = time.monotonic()
+  process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                           timeout=args.timeout, check=False)
+  lines = [l for l in process.stdout.splitlines() if l.startswith("BENCHMARK_RESULT ")]
+  if lines:
+    result = json.loads(lines[-1].split(" ", 1)[1])
+  else:
+    tail = (process.stderr.strip().splitlines() or ["no output"])[-1]
+    result = {"variant": variant, "error": f"exit {process.returncode}: {tail[:300]}"}
+  result["process_seconds"] = round(time.monotonic() - start, 1)
+  return result
+
+
+def _keras_fit(model, dataset, replicas, args):
+  """Keras fit with steps_per_execution = K, falling back to 1 if K fails."""
+  result = run_variant("keras_fit", model=model, dataset=dataset, replicas=replicas,
+                       args=args, extra=[f"--steps_per_execution={args.steps_per_loop}"])
+  if "error" in result:
+    failed = result["error"]
+    result = run_variant("keras_fit", model=model, dataset=dataset, replicas=replicas,
+                         args=args, extra=["--steps_per_execution=1"])
+    result["note"] = (f"steps_per_execution={args.steps_per_loop} failed ({failed}); "
+                      "this is steps_per_execution=1")
+  return result
+
+
+def _median_of_repeats(results: list) -> dict:
+  good = [r for r in results if "error" not in r]
+  if not good:
+    return dict(results[-1])
+  merged = dict(good[-1])
+  merged["examples_per_second"] = statistics.median(
+      r["examples_per_second"] for r in good)
+  merged["repeats"] = [round(r["examples_per_second"], 1) for r in good]
+  return merged
+
+
+def ratios(by_variant: dict) -> dict:
+  """The issue's ratios for one configuration (None where a side is missing)."""
+  def speed(name):
+    value = by_variant.get(name, {}).get("examples_per_second")
+    return value if isinstance(value, (int, float)) and value > 0 else None
+  out = {}
+  for name in [t for t, _ in TARGETS] + ["k_loop / single_device",
+                                         "pipeline / trainer"]:
+    top, bottom = (speed(n.strip()) for n in name.split("/"))
+    out[name] = round(top / bottom, 3) if top and bottom else None
+  return out
+
+
+def benchmark_config(model, dataset, replicas, args, variants):
+  per_variant = {v: [] for v in variants}
+  for _ in range(args.repeats):  # Interleaved: drift hits every variant alike.
+    for variant in variants:
+      if variant == "keras_fit":
+        result = _keras_fit(model, dataset, replicas, args)
+      else:
+        result = run_variant(variant, model=model, dataset=dataset,
+                             replicas=replicas, args=args)
+      per_variant[variant].append(result)
+      _progress(model, dataset, replicas, result)
+  merged = {v: _median_of_repeats(rs) for v, rs in per_variant.items()}
+  return {"model": model, "dataset": dataset, "replicas": replicas,
+          "global_batch": args.per_replica_batch_size * replicas,
+          "variants": merged, "ratios": ratios(merged)}
+
+
+def _progress(model, dataset, replicas, result):
+  speed = result.get("examples_per_second")
+  what = f"{speed:,.0f} examples/s" if speed else result.get("error")
+  print(f"  {model} {dataset} x{replicas} {result['variant']}: {what}", file=sys.stderr,
+        flush=True)
+
+
+def quickstart_time_to_first_step(args) -> dict:
+  """`python -m trainer.main --flagfile=flags/quickstart.flags`: its first step."""
+  with tempfile.TemporaryDirectory() as model_dir:
+    start = time.monotonic()
+    process = subprocess.run(
+        [sys.executable, "-m", "trainer.main", "--flagfile=flags/quickstart.flags",
+         f"--model_dir={model_dir}"], cwd=REPO, capture_output=True, text=True,
+        timeout=args.timeout, check=False)
+    wall = time.monotonic() - start
+    try:
+      with open(os.path.join(model_dir, "results.json")) as f:
+        results = json.load(f)
+    except OSError:
+      return {"error": f"exit {process.returncode}: {process.stderr[-300:]}"}
+  return {"time_to_first_step_s": results["time_to_first_step_s"],
+          "peak_rss_mib": results["peak_rss_mib"], "wall_s": round(wall, 1),
+          "examples_per_second": results.get("examples_per_second")}
+
+
+def fast_paths(args) -> list:
+  rows = []
+  for name, variant, extra in FAST_PATHS:
+    runs = [run_variant(variant, model="cnn", dataset="synthetic", replicas=2,
+                        args=args, extra=extra) for _ in range(args.repeats)]
+    result = _median_of_repeats(runs)
+    result["name"] = name
+    rows.append(result)
+    print(f"  fast path {name}: {result.get('examples_per_second') or result.get('error')}",
+          file=sys.stderr, flush=True)
+  return rows
+
+
+def _fmt(value, spec=",.0f"):
+  return "-" if value is None else format(value, spec)
+
+
+def render(report: dict) -> str:
+  """The report as the plain-text tables the README shows."""
+  m = report["machine"]
+  lines = [f"machine: {m['cpu']}, {m['cores']} cores; TensorFlow {m['tensorflow']}, "
+           f"Keras {m['keras']}, Python {m['python']}",
+           f"settings: per-replica batch {report['settings']['per_replica_batch_size']}"
+           f", K={report['settings']['steps_per_loop']} steps per call/window, "
+           f"{report['settings']['windows']} windows, {report['settings']['repeats']}"
+           " repeat(s)", "",
+           "| model | data | replicas | variant | examples/s | first call s | "
+           "peak RSS MiB | note |", "|---|---|---|---|---|---|---|---|"]
+  for config in report["configs"]:
+    for variant, r in config["variants"].items():
+      lines.append(
+          f"| {config['model']} | {config['dataset']} | {config['replicas']} | "
+          f"{variant} | {_fmt(r.get('examples_per_second'))} | "
+          f"{_fmt(r.get('time_to_first_call_s'), '.1f')} | "
+          f"{_fmt(r.get('peak_rss_mib'), '.0f')} | "
+          f"{r.get('error') or r.get('note') or ''} |")
+  lines += ["", "| model | data | replicas | " +
+            " | ".join(report["configs"][0]["ratios"]) + " |",
+            "|---|---|---|" + "---|" * len(report["configs"][0]["ratios"])]
+  for config in report["configs"]:
+    lines.append(f"| {config['model']} | {config['dataset']} | {config['replicas']} | "
+                 + " | ".join(_fmt(v, ".2f") for v in config["ratios"].values())
+                 + " |")
+  lines += ["", "targets: " + ", ".join(f"{n} >= {t}" for n, t in TARGETS)]
+  for name, target in TARGETS:
+    values = [c["ratios"][name] for c in report["configs"] if c["ratios"][name]]
+    if values:
+      met = sum(v >= target for v in values)
+      lines.append(f"  {name}: {met} of {len(values)} configurations meet {target} "
+                   f"(min {min(values):.2f}, max {max(values):.2f})")
+  if report.get("quickstart"):
+    q = report["quickstart"]
+    lines.append(f"quickstart: time to first step {_fmt(q.get('time_to_first_step_s'), '.1f')}"
+                 f" s (target <= 8), peak RSS {_fmt(q.get('peak_rss_mib'), '.0f')} MiB, "
+                 f"whole run {_fmt(q.get('wall_s'), '.1f')} s")
+  if report.get("fast_paths"):
+    lines += ["", "| fast path (cnn, synthetic, 2 replicas) | examples/s | note |",
+              "|---|---|---|"]
+    for r in report["fast_paths"]:
+      lines.append(f"| {r['name']} | {_fmt(r.get('examples_per_second'))} | "
+                   f"{r.get('error') or ''} |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--models", default="cnn,resnet")
+  parser.add_argument("--datasets", default="synthetic,digits")
+  parser.add_argument("--replicas", default="1,2,4")
+  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--per_replica_batch_size", type=int, default=32)
+  parser.add_argument("--steps_per_loop", type=int, default=20)
+  parser.add_argument("--windows", type=int, default=8)
+  parser.add_argument("--repeats", type=int, default=1)
+  parser.add_argument("--fast_paths", action="store_true",
+                      help="also benchmark the fast-path flags (cnn, 2 replicas)")
+  parser.add_argument("--quick", action="store_true",
+                      help="cnn, synthetic, 2 replicas, short windows: a smoke run")
+  parser.add_argument("--timeout", type=int, default=600)
+  parser.add_argument("--json", help="also write the report here")
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.models, args.datasets, args.replicas = "cnn", "synthetic", "2"
+    args.steps_per_loop, args.windows, args.repeats = 5, 2, 1
+  variants = args.variants.split(",")
+  unknown = sorted(set(variants) - set(VARIANTS))
+  if unknown:
+    parser.error(f"--variants: unknown {', '.join(unknown)}; use {', '.join(VARIANTS)}")
+  report = {"machine": _machine(), "settings": vars(args), "configs": []}
+  for model in args.models.split(","):
+    for dataset in args.datasets.split(","):
+      for replicas in (int(r) for r in args.replicas.split(",")):
+        report["configs"].append(benchmark_config(model, dataset, replicas, args,
+                                                  variants))
+  report["quickstart"] = quickstart_time_to_first_step(args)
+  if args.fast_paths:
+    report["fast_paths"] = fast_paths(args)
+  text = render(report)
+  print(text)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
