@@ -58,6 +58,23 @@ def test_summaries_results_and_flags(model_dir):
   assert "--per_replica_batch_size=8\n" in flags_txt and "--cpu_devices=2\n" in flags_txt
 
 
+def test_automatic_steps_per_loop_ends_calls_at_every_interval(model_dir):
+  trainer.train(Config(model_dir=model_dir, train_steps=100, steps_per_loop=0,
+                       summary_every=25, checkpoint_every=40, **FAST))
+  ends = [step for step, _ in _scalars(os.path.join(model_dir, "train"))["loss"]]
+  # One step (it traces), then ten (measured), then calls sized to ~1 s, which
+  # this small model would make far longer than the intervals allow.
+  assert ends[:2] == [1, 11]
+  assert {25, 40, 50, 75, 80, 100} <= set(ends)
+  for start, end in zip([0] + ends, ends):
+    assert not any(start < m < end for m in range(25, 100, 25)), (start, end)
+    assert not any(start < m < end for m in range(40, 100, 40)), (start, end)
+  assert len(ends) < 20  # Sized up after the first two calls, not one step each.
+  checkpoints = sorted(int(name.split("-")[1].split(".")[0]) for name in os.listdir(
+      os.path.join(model_dir, "checkpoints")) if name.endswith(".index"))
+  assert checkpoints == [40, 80, 100]  # --keep_checkpoints=3: step 0 rotated out.
+
+
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 def test_eval_counts_every_example_once(tmp_path, replicas):
   rng = np.random.default_rng(0)

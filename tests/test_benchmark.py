@@ -1,0 +1,63 @@
+"""scripts/benchmark.py: every variant runs and is reported (speed is never asserted)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, cli_env
+
+pytestmark = pytest.mark.slow  # Seven short benchmark processes: about a minute.
+
+
+def _load_benchmark():
+  spec = importlib.util.spec_from_file_location(
+      "benchmark", os.path.join(REPO, "scripts", "benchmark.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_quick_benchmark_reports_every_variant(tmp_path):
+  out = tmp_path / "bench.json"
+  result = subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "benchmark.py"), "--quick",
+       f"--json={out}"], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+      timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads(out.read_text())
+  [config] = report["configs"]
+  assert (config["model"], config["dataset"], config["replicas"]) == ("cnn",
+                                                                       "synthetic", 2)
+  assert set(config["variants"]) == {"trainer", "trainer_quiet", "seed_loop",
+                                     "k_loop", "keras_fit", "single_device",
+                                     "pipeline"}
+  for name, variant in config["variants"].items():
+    assert "error" not in variant, (name, variant)
+    assert variant["examples_per_second"] > 0, name
+    assert variant["peak_rss_mib"] > 100, name
+    assert 0 < variant["time_to_first_call_s"] < 120, name
+  assert all(isinstance(v, float) for v in config["ratios"].values())
+  assert report["quickstart"]["time_to_first_step_s"] > 0
+  assert report["machine"]["tensorflow"] not in ("", "?")
+  for variant in config["variants"]:
+    assert f"| cnn | synthetic | 2 | {variant} |" in result.stdout
+  assert "trainer / k_loop: " in result.stdout
+
+
+def test_ratios_and_targets_are_computed_from_the_medians():
+  benchmark = _load_benchmark()
+  variants = {"trainer": [{"variant": "trainer", "examples_per_second": s}
+                          for s in (90.0, 100.0, 300.0)],
+              "k_loop": [{"variant": "k_loop", "examples_per_second": 100.0}],
+              "keras_fit": [{"variant": "keras_fit", "error": "boom"}]}
+  merged = {v: benchmark._median_of_repeats(r)  # pylint: disable=protected-access
+            for v, r in variants.items()}
+  assert merged["trainer"]["examples_per_second"] == 100.0
+  assert merged["trainer"]["repeats"] == [90.0, 100.0, 300.0]
+  ratios = benchmark.ratios(merged)
+  assert ratios["trainer / k_loop"] == 1.0
+  assert ratios["trainer / keras_fit"] is None  # A failed side is no ratio.
