@@ -6,7 +6,6 @@ checkpoint and trains to --train_steps, checking the replica ledger after every
 loop call.
 """
 
-import math
 import os
 import time
 
