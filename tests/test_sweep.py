@@ -290,3 +290,14 @@ def test_sampled_values_keep_their_flag_types():
     assert isinstance(trial.values["learning_rate"], float)
     assert isinstance(trial.values["per_replica_batch_size"], int)
     assert isinstance(trial.values["shuffle"], bool)
+
+
+def test_a_sweep_root_in_use_is_refused(tmp_path, capsys):
+  root = tmp_path / "sweep"
+  root.mkdir()
+  (root / ".lock").write_text(f"{os.getpid()} {os.uname().nodename}\n")  # Live: us.
+  code = cli.main([f"--root={root}", "--grid=learning_rate=0.1", "--metric=train/loss"])
+  assert code == 5
+  err = capsys.readouterr().err
+  assert f"--root={root}: in use by pid {os.getpid()}" in err
+  assert sorted(os.listdir(root)) == [".lock"]  # Nothing started or written.

@@ -75,8 +75,12 @@ def ensure_writable(model_dir: str):
 
 
 @contextlib.contextmanager
-def locked(model_dir: str):
+def locked(model_dir: str, *, flag: str = "--model_dir"):
   """Holds MODEL_DIR/.lock (our pid) for the duration; takes over stale locks.
+
+  Args:
+    model_dir: the directory to claim.
+    flag: the option that named it, for the error message.
 
   Raises:
     LockedError: a live process holds the lock.
@@ -91,8 +95,8 @@ def locked(model_dir: str):
         os.remove(path)  # Its process is gone (killed): the lock is stale.
         continue
       who = f"pid {holder[0]} on {holder[1]}" if holder else "another process"
-      raise LockedError(f"--model_dir={model_dir}: in use by {who} (lock file {path}); "
-                        "wait for it or pick another --model_dir") from None
+      raise LockedError(f"{flag}={model_dir}: in use by {who} (lock file {path}); "
+                        f"wait for it or pick another {flag}") from None
     with os.fdopen(fd, "w") as f:
       f.write(f"{os.getpid()} {socket.gethostname()}\n")
     break

@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     return 0
   try:
     run_dir.ensure_writable(args.root)
-    with run_dir.locked(args.root):
+    with run_dir.locked(args.root, flag="--root"):
       _replace_hparams_config(args.root, params)
       names = [p.name for p in params]
       print(f"sweep {args.root}: {len(runs)} trials, {args.parallel} at a time, "
