@@ -183,6 +183,7 @@ def _train_steps(state, results, summaries, progress, stop_request) -> str:
                     examples_per_second=examples_per_second)
     if step % config.checkpoint_every == 0 or step >= config.train_steps:
       state.checkpoints.save()
+      summaries.flush()  # Events on disk reach at least the checkpoint's step.
     if (config.mode == "train_and_eval" and config.eval_every and
         step % config.eval_every == 0):
       _evaluate(state, results, summaries, progress)

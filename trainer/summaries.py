@@ -4,6 +4,9 @@ import os
 
 import tensorflow as tf
 
+_MAX_QUEUE = 1000  # Events buffered before a forced flush.
+_FLUSH_MILLIS = 5000
+
 
 class Summaries:
   """Writes scalars under MODEL_DIR/train and MODEL_DIR/eval, eagerly.
@@ -19,8 +22,12 @@ class Summaries:
 
   def _writer(self, split):
     if split not in self._writers:
+      # TF's default queue (10 events) makes nearly every loop call flush and sync
+      # the file, milliseconds per call; buffer instead and flush every few
+      # seconds (TensorBoard still sees a live run), at checkpoints and at close.
       self._writers[split] = tf.summary.create_file_writer(
-          os.path.join(self._model_dir, split) if split else self._model_dir)
+          os.path.join(self._model_dir, split) if split else self._model_dir,
+          max_queue=_MAX_QUEUE, flush_millis=_FLUSH_MILLIS)
     return self._writers[split]
 
   def scalars(self, split: str, step: int, values: dict):
