@@ -251,6 +251,17 @@ def test_spec_file_gives_the_grid():
   assert "learning_rate=0.003,per_replica_batch_size=32" in names
 
 
+def test_several_spec_files_and_the_command_line_combine(tmp_path):
+  optimizers = tmp_path / "optimizers.sweep"
+  optimizers.write_text("# A second file adds its grid to the first's.\n"
+                        "--grid=optimizer=adam,sgd\n")
+  names = dry_run("--spec=flags/sweeps/lr_batch.sweep", f"--spec={optimizers}",
+                  "--grid=seed=1,2")
+  assert names[-1] == "24 trials (dry run: nothing was started)"
+  assert ("learning_rate=0.01,per_replica_batch_size=16,optimizer=sgd,seed=2"
+          in names)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--grid=lr=0.1,0.2"], "--grid=lr=0.1,0.2: unknown trainer flag --lr"),
     (["--grid=learning_rate="], "--grid=learning_rate=: expected NAME=VALUE(S)"),

@@ -50,22 +50,29 @@ def _parser():
   return parser
 
 
+def _spec_lines(path):
+  """The sweep options of a .sweep file, each checked to be one a file may set."""
+  lines = spec.read_spec_file(path)
+  if any(line.startswith(("--spec", "--root")) for line in lines):
+    raise ConfigError(f"--spec={path}: a .sweep file cannot set --spec or --root")
+  for line in lines:
+    if not line.startswith(("--grid=", "--random=", "--trials=", "--seed=",
+                            "--metric=", "--goal=", "--base_flagfile=")):
+      raise ConfigError(f"--spec={path}: {line!r} is not a sweep option (use "
+                        "--grid=, --random=, --trials=, --seed=, --metric=, "
+                        "--goal=, --base_flagfile=)")
+  return lines
+
+
 def _parse(argv):
-  """Parses argv with .sweep files expanded in place of their --spec."""
+  """Parses argv with the options of its .sweep files (--spec) put first."""
   parser = _parser()
   args = parser.parse_args(argv)
-  for path in args.spec:
-    lines = spec.read_spec_file(path)
-    if any(line.startswith(("--spec", "--root")) for line in lines):
-      raise ConfigError(f"--spec={path}: a .sweep file cannot set --spec or --root")
-    for line in lines:
-      if not line.startswith(("--grid=", "--random=", "--trials=", "--seed=",
-                              "--metric=", "--goal=", "--base_flagfile=")):
-        raise ConfigError(f"--spec={path}: {line!r} is not a sweep option (use "
-                          "--grid=, --random=, --trials=, --seed=, --metric=, "
-                          "--goal=, --base_flagfile=)")
-    # The file's options first, so the command line overrides them.
-    args = parser.parse_args(lines + [a for a in argv if a != f"--spec={path}"])
+  lines = [line for path in args.spec for line in _spec_lines(path)]
+  if lines:
+    # Every file's options, then the command line: its single-valued options
+    # override the files', and --grid/--random add to theirs.
+    args = parser.parse_args(lines + argv)
   if args.trainer_args[:1] == ["--"]:
     args.trainer_args = args.trainer_args[1:]
   args.goal = args.goal or ("min" if args.metric.endswith("loss") else "max")
