@@ -154,7 +154,6 @@ def run_hand_loop(args, *, k_steps, strategy_free=False):
 
 
 def run_keras_fit(args):
-  tf = tf_loader.load_tensorflow()
   import keras  # pylint: disable=g-import-not-at-top
   config, strategy, source, dataset = _setup(args)
   k, e = args.steps_per_loop, args.steps_per_execution
@@ -182,7 +181,6 @@ def run_keras_fit(args):
   windows = 1 + args.warmup_windows + args.windows
   model.fit(dataset, epochs=1, steps_per_epoch=windows * k, verbose=0,
             callbacks=[WindowTimer()])
-  del tf
   timed = marks[args.warmup_windows:]  # From the end of the last warm-up window.
   rates = [k * args.global_batch / (b - a) for a, b in zip(timed, timed[1:])]
   return {"examples_per_second": statistics.median(rates), "windows": rates,

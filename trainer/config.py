@@ -194,14 +194,19 @@ def field_names() -> list:
   return [field.name for field in dataclasses.fields(Config)]
 
 
+def _field_named(name: str) -> dataclasses.Field:
+  """The Config field of flag `name`; KeyError if there is none."""
+  return {f.name: f for f in dataclasses.fields(Config)}[name]
+
+
 def field_kind(name: str) -> type:
   """The type flag `name` holds (str, int, float, bool or list); KeyError if none."""
-  return _base_type({f.name: f for f in dataclasses.fields(Config)}[name])
+  return _base_type(_field_named(name))
 
 
 def field_choices(name: str):
   """The values flag `name` allows, or None when it is not an enum."""
-  return {f.name: f for f in dataclasses.fields(Config)}[name].metadata["choices"]
+  return _field_named(name).metadata["choices"]
 
 
 def _flag_value(value) -> str:

@@ -136,14 +136,14 @@ def _train_iterator(state: RunState):
 def _train_steps(state, results, summaries, progress, stop_request) -> str:
   """Trains to --train_steps; returns "completed" or "interrupted"."""
   config = state.config
-  if state.step >= config.train_steps:
-    progress.say(f"already at step {state.step} >= --train_steps={config.train_steps}; "
+  step = state.step  # Then from each call's outputs: reading the variable is an op.
+  if step >= config.train_steps:
+    progress.say(f"already at step {step} >= --train_steps={config.train_steps}; "
                  "nothing to train")
     return "completed"
   iterator = _train_iterator(state)
   steps_per_loop = config.steps_per_loop or 1  # Auto: one step first (it traces).
   rollbacks = 0
-  step = state.step  # Then from each call's outputs: reading the variable is an op.
   while step < config.train_steps:
     num_steps = min(steps_per_loop, _next_stop(step, config) - step)
     start = time.perf_counter()
@@ -171,7 +171,7 @@ def _train_steps(state, results, summaries, progress, stop_request) -> str:
                           "the last good checkpoint is kept. Lower --learning_rate or "
                           "use --on_nan=rollback")
     results.record_train_call(step=step, steps=num_steps, loss=loss,
-                              accuracy=accuracy, ledger=ledger)
+                              accuracy=accuracy)
     examples_per_second = num_steps * state.global_batch_size / seconds
     summaries.scalars("train", step, {
         "loss": loss, "accuracy": accuracy, "gradient_norm": out["gradient_norm"],

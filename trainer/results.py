@@ -47,7 +47,7 @@ class Results:
         "best_eval": previous.get("best_eval"),
     }
 
-  def record_train_call(self, *, step, steps, loss, accuracy, ledger):
+  def record_train_call(self, *, step, steps, loss, accuracy):
     """Records one loop call, right after it finished.
 
     Speed is wall-clock time from the end of one call to the end of the next, so it
@@ -62,7 +62,6 @@ class Results:
       self._intervals.append((steps, now - self._last_call_end))
     self._last_call_end = now
     self.data["train"] = {"loss": loss, "accuracy": accuracy, "step": step}
-    self.data["replica_batches"] = {f"replica_{i}": int(n) for i, n in enumerate(ledger)}
 
   def record_eval(self, step, metrics):
     self.eval_step = step
@@ -76,8 +75,11 @@ class Results:
     state = self._state
     self.data["status"] = status
     self.data["global_step"] = state.step
+    ledger = state.train_ledger
+    self.data["replica_batches"] = {
+        f"replica_{i}": int(n) for i, n in enumerate(ledger.total_batches)}
     self.data["replica_examples"] = {
-        f"replica_{i}": int(n) for i, n in enumerate(state.train_ledger.total_examples)}
+        f"replica_{i}": int(n) for i, n in enumerate(ledger.total_examples)}
     if self._intervals:
       steps, seconds = (sum(column) for column in zip(*self._intervals))
       self.data["steps_per_second"] = steps / seconds

@@ -148,8 +148,8 @@ def make_train_loop(*, strategy, model, optimizer, global_step, ledger, totals,
   The dict holds everything the host needs after a call, reduced in-graph, so one
   call costs one dispatch and no eager ops (which cost ~0.1 ms each, many per
   call): "loss" (sum of the steps' losses), "correct" and "examples" (sums over
-  the call), "ledger_batches" and "ledger_examples" (per replica, since the run
-  started), "gradient_norm" (of the last step), "all_finite" (every step's loss
+  the call), "ledger_batches" and "ledger_examples" (per replica, this call),
+  "gradient_norm" (of the last step), "all_finite" (every step's loss
   and gradients), "step" and "learning_rate" (after the call).
 
   Args:
@@ -259,7 +259,6 @@ def make_eval_loop(*, strategy, model, ledger, totals, per_replica_batch_size):
       strategy.run(replica_step, args=next(iterator))
 
   return eval_loop
-
 
 
 def make_stop_vote(strategy):

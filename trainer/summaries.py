@@ -1,4 +1,4 @@
-"""TensorBoard event files of a run: scalars, text and hparams, written eagerly."""
+"""TensorBoard event files of a run: scalars, text and hparams."""
 
 import os
 
@@ -9,7 +9,7 @@ _FLUSH_MILLIS = 5000
 
 
 class Summaries:
-  """Writes scalars under MODEL_DIR/train and MODEL_DIR/eval, eagerly.
+  """Writes scalars under MODEL_DIR/train and MODEL_DIR/eval, buffered.
 
   A disabled instance (non-chief workers, --summaries=false) writes nothing.
   """

@@ -138,9 +138,9 @@ def parse_random(text: str) -> Param:
                  values=tuple(_typed(name, v, kind, option) for v in raw_values))
   wanted = int if distribution == "int" else float
   if kind is not wanted:
-    raise ConfigError(f"{option}: --{name} holds a {kind.__name__}; use "
-                      + ("int:LO:HI" if kind is int else "uniform or loguniform"
-                         if kind is float else "choice:A,B,..."))
+    fitting = {int: "int:LO:HI", float: "uniform or loguniform"}.get(kind,
+                                                                     "choice:A,B,...")
+    raise ConfigError(f"{option}: --{name} holds a {kind.__name__}; use {fitting}")
   bounds = arguments.split(":")
   try:
     low, high = (wanted(b) for b in bounds)
