@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """One benchmark variant in its own process; prints one `BENCHMARK_RESULT {json}` line.
 
-Run by scripts/benchmark.py. Every variant trains the same model (trainer.models) on
-the same tf.data pipeline (trainer.data: same source, global batch, order) under the
-same strategy (trainer.devices), and times windows of --steps_per_loop steps after
+Run by scripts/benchmark.py. Every variant trains the same model (the classification task's) on
+the same tf.data pipeline (trainer.data: same data, global batch, order) under the
+same strategy (trainer.distribute.devices), and times windows of --steps_per_loop steps after
 a warm-up window that absorbs tracing. A window ends at a host sync (a value read
 back), so queued work cannot hide in it.
 
@@ -84,23 +84,28 @@ def run_trainer(args, *, summaries):
 
 
 def _setup(args, *, strategy_free=False):
-  from trainer import data, devices  # pylint: disable=g-import-not-at-top
+  from trainer import data  # pylint: disable=g-import-not-at-top
+  from trainer.distribute import devices  # pylint: disable=g-import-not-at-top
+  from trainer.tasks.classification import Classification  # pylint: disable=g-import-not-at-top
+  from trainer.training.setup import bind  # pylint: disable=g-import-not-at-top
   config = _config(args, cpu_devices=1 if strategy_free else args.replicas)
   devices.configure_devices(config)
   strategy = None if strategy_free else devices.make_strategy(config)
-  source = data.load_source(config)
-  dataset = data.train_dataset(source, global_batch_size=args.global_batch, seed=0,
-                               shuffle=True, start_step=0)
-  return config, strategy, source, dataset
+  task = bind(Classification(), config)
+  train = data.as_task_data(task.train_data(), what="train data")
+  dataset = data.train_dataset(train, global_batch_size=args.global_batch, seed=0,
+                               shuffle=True, start_step=0, preprocess=task.preprocess)
+  return config, strategy, task, dataset
 
 
-def _model_and_optimizer(config, source, strategy):
+def _model_and_optimizer(config, task, strategy):
   import contextlib  # pylint: disable=g-import-not-at-top
-  from trainer import models  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  from trainer.training.optimizers import build_optimizer  # pylint: disable=g-import-not-at-top
   with strategy.scope() if strategy else contextlib.nullcontext():
-    model = models.build_model(config, input_shape=source.input_shape,
-                               num_classes=source.num_classes)
-    optimizer = models.build_optimizer(config)
+    keras.utils.set_random_seed(config.seed)
+    model = task.build_model()
+    optimizer = build_optimizer(config, task)
     optimizer.build(model.trainable_variables)
   return model, optimizer
 
@@ -109,8 +114,8 @@ def run_hand_loop(args, *, k_steps, strategy_free=False):
   tf = tf_loader.load_tensorflow()
   import keras  # pylint: disable=g-import-not-at-top
   from trainer import data  # pylint: disable=g-import-not-at-top
-  config, strategy, source, dataset = _setup(args, strategy_free=strategy_free)
-  model, optimizer = _model_and_optimizer(config, source, strategy)
+  config, strategy, task, dataset = _setup(args, strategy_free=strategy_free)
+  model, optimizer = _model_and_optimizer(config, task, strategy)
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                        reduction="none")
 
@@ -155,7 +160,7 @@ def run_hand_loop(args, *, k_steps, strategy_free=False):
 
 def run_keras_fit(args):
   import keras  # pylint: disable=g-import-not-at-top
-  config, strategy, source, dataset = _setup(args)
+  config, strategy, task, dataset = _setup(args)
   k, e = args.steps_per_loop, args.steps_per_execution
   if k % e:
     raise ValueError(f"--steps_per_execution={e} must divide --steps_per_loop={k}")
@@ -171,10 +176,9 @@ def run_keras_fit(args):
         if not first:
           first.append(_since_process_start())
 
-  from trainer import models  # pylint: disable=g-import-not-at-top
   with strategy.scope():
-    model = models.build_model(config, input_shape=source.input_shape,
-                               num_classes=source.num_classes)
+    keras.utils.set_random_seed(config.seed)
+    model = task.build_model()
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], steps_per_execution=e)

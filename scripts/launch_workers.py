@@ -10,7 +10,7 @@ Exits with the chief's exit code, or non-zero naming the worker that died.
 
 import sys
 
-from trainer import launcher
+from trainer.distribute import launcher
 
 if __name__ == "__main__":
   sys.exit(launcher.main())

@@ -79,7 +79,7 @@ def test_layout_flags_cover_model_and_batch():
 
 
 def test_slurm_cluster_comes_from_slurm_environment(monkeypatch):
-  from trainer import devices  # pylint: disable=g-import-not-at-top
+  from trainer.distribute import devices  # pylint: disable=g-import-not-at-top
   config = Config(strategy="multi_worker", cluster_resolver="slurm", model_dir="/x")
   with pytest.raises(ConfigError, match=r"--cluster_resolver=slurm: SLURM_PROCID not "
                      r"found in environment.*\(run it under srun\)"):

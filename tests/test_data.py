@@ -1,5 +1,6 @@
-"""Data: sources and their validation, and an input order that is a function of
-(seed, step) so a resume needs no iterator state."""
+"""Data: a task's arrays or tf.data streams, their checks, the classification data
+sets, and an input order that is a function of (seed, step) so a resume needs no
+iterator state."""
 
 import numpy as np
 import pytest
@@ -8,13 +9,18 @@ import tensorflow as tf
 from trainer import data
 from trainer.config import Config
 from trainer.errors import DataError
+from trainer.tasks import image_data
 
 
-def _source(n_train=40, n_test=10):
+def _source(n_train=40):
+  """Training arrays whose feature is the example's id."""
   x = np.arange(n_train, dtype=np.float32).reshape(n_train, 1)
-  return data.Source(x_train=x, y_train=np.arange(n_train) % 3,
-                     x_test=np.arange(n_test, dtype=np.float32).reshape(n_test, 1),
-                     y_test=np.arange(n_test) % 3, num_classes=3, scale=1.0)
+  return data.ArrayData(x, np.arange(n_train) % 3)
+
+
+def _eval_split(n_test=10):
+  return data.ArrayData(np.arange(n_test, dtype=np.float32).reshape(n_test, 1),
+                        np.arange(n_test) % 3)
 
 
 def _ids(dataset, num_batches):
@@ -24,7 +30,7 @@ def _ids(dataset, num_batches):
 
 
 def test_digits_ships_offline_and_is_split():
-  source = data.load_source(Config())
+  source = image_data.load_source(Config())
   assert source.x_train.shape[1:] == (8, 8, 1) and source.num_classes == 10
   assert len(source.x_train) + len(source.x_test) == 1797
 
@@ -64,7 +70,7 @@ def test_too_small_training_set_is_a_clear_error():
 
 
 def test_eval_pads_with_weight_zero_to_whole_batches():
-  dataset, num_batches = data.eval_dataset(_source(n_test=10), global_batch_size=4)
+  dataset, num_batches = data.eval_dataset(_eval_split(10), global_batch_size=4)
   assert num_batches == 3
   weights = np.concatenate([w.numpy() for _, _, w in dataset])
   assert weights.tolist() == [1.0] * 10 + [0.0] * 2
@@ -88,7 +94,7 @@ def _write_npz(path, **arrays):
 def test_bad_npz_is_a_one_line_error(tmp_path, arrays, message):
   path = _write_npz(tmp_path / "bad.npz", **arrays)
   with pytest.raises(DataError) as e:
-    data.load_source(Config(dataset="npz", data_path=path))
+    image_data.load_source(Config(dataset="npz", data_path=path))
   assert message in str(e.value) and path in str(e.value)
   assert "\n" not in str(e.value)
 
@@ -97,7 +103,7 @@ def test_not_an_npz_file(tmp_path):
   path = tmp_path / "junk.npz"
   path.write_text("not a zip")
   with pytest.raises(DataError, match="not a readable .npz"):
-    data.load_source(Config(dataset="npz", data_path=str(path)))
+    image_data.load_source(Config(dataset="npz", data_path=str(path)))
 
 
 def test_distributed_batches_split_the_global_batch():

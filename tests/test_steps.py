@@ -6,10 +6,14 @@ import pytest
 import tensorflow as tf
 
 import trainer
-from trainer import data, loop, steps
+from trainer import data
 from trainer.config import Config
 from trainer.errors import ReplicaBatchError
-from trainer.state import build_state
+from trainer.tasks.classification import Classification
+from trainer.training import steps
+from trainer.training.controller import train_iterator
+from trainer.training.setup import setup
+from trainer.training.state import build_state
 
 from conftest import checkpoint_values
 
@@ -47,15 +51,17 @@ def test_ledger_counts_one_batch_per_replica_per_step(tmp_path, replicas):
 
 def _state(tmp_path, **changes):
   config = Config(model_dir=str(tmp_path), **dict(SGD_MLP, **changes))
-  strategy, is_chief, source = loop.setup(config)
-  return build_state(config, strategy, source, is_chief=is_chief)
+  found = setup(config, Classification())
+  return build_state(config, found.task, found.strategy, train_data=found.train_data,
+                     eval_data=found.eval_data, is_chief=found.is_chief)
 
 
 def test_wrong_batch_size_fires_the_in_graph_assertion(tmp_path):
   state = _state(tmp_path, cpu_devices=2, per_replica_batch_size=4)
   # Global batches of 6 split into 3 + 3: not the 4 each replica must get.
-  dataset = data.train_dataset(state.source, global_batch_size=6, seed=0,
-                               shuffle=False, start_step=0)
+  dataset = data.train_dataset(state.train_data, global_batch_size=6, seed=0,
+                               shuffle=False, start_step=0,
+                               preprocess=state.task.preprocess)
   iterator = iter(data.distribute(state.strategy, dataset))
   with pytest.raises(tf.errors.InvalidArgumentError) as e:
     state.train_loop(iterator, tf.constant(1))
@@ -66,7 +72,7 @@ def test_wrong_batch_size_fires_the_in_graph_assertion(tmp_path):
 
 def test_ledger_mismatch_names_the_replica(tmp_path):
   state = _state(tmp_path, cpu_devices=2, per_replica_batch_size=4)
-  iterator = loop._train_iterator(state)  # pylint: disable=protected-access
+  iterator = train_iterator(state)
   state.train_loop(iterator, tf.constant(2))
   assert state.train_ledger.check(expected_batches=2,
                                   per_replica_batch_size=4).tolist() == [2, 2]
@@ -80,11 +86,11 @@ def test_ledger_mismatch_names_the_replica(tmp_path):
 
 def test_k_steps_per_call_match_single_steps_and_trace_once(tmp_path):
   single = _state(tmp_path / "a", cpu_devices=2, per_replica_batch_size=4)
-  iterator = loop._train_iterator(single)  # pylint: disable=protected-access
+  iterator = train_iterator(single)
   for _ in range(6):
     single.train_loop(iterator, tf.constant(1))
   looped = _state(tmp_path / "b", cpu_devices=2, per_replica_batch_size=4)
-  iterator = loop._train_iterator(looped)  # pylint: disable=protected-access
+  iterator = train_iterator(looped)
   for k in (1, 2, 3):
     looped.train_loop(iterator, tf.constant(k))
   assert single.step == looped.step == 6

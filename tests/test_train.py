@@ -200,18 +200,20 @@ def test_saved_model_reproduces_predictions(model_dir):
   trainer.train(Config(model_dir=model_dir, train_steps=60, model="cnn", dropout=0.3,
                        learning_rate=0.01,
                        cpu_devices=2, per_replica_batch_size=8))
-  from trainer import data
-  source = data.load_source(Config())
+  from trainer.tasks import image_data
+  from trainer.tasks.classification import Classification
+  from trainer.training.setup import setup
+  from trainer.training.state import build_state
+  source = image_data.load_source(Config())
   raw = source.x_test[:16].astype(np.float32)
   served = tf.saved_model.load(os.path.join(model_dir, "export"))
   outputs = served.signatures["serving_default"](inputs=tf.constant(raw))
   # Rebuild the model from its checkpoint and compare.
-  from trainer import loop
-  from trainer.state import build_state
   config = Config(model_dir=model_dir, model="cnn", dropout=0.3, cpu_devices=2,
                   per_replica_batch_size=8)
-  strategy, _, source = loop.setup(config)
-  state = build_state(config, strategy, source, is_chief=True)
+  found = setup(config, Classification())
+  state = build_state(config, found.task, found.strategy, train_data=found.train_data,
+                      eval_data=found.eval_data, is_chief=True)
   state.checkpoints.restore_latest()
   expected = state.model(raw * source.scale, training=False).numpy()
   np.testing.assert_allclose(outputs["logits"].numpy(), expected, atol=1e-5)

@@ -9,10 +9,11 @@ scripts can validate flags cheaply.
 """
 
 import dataclasses
+import math
 import datetime
 import os
 import typing
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 from trainer.errors import ConfigError
 
@@ -28,7 +29,8 @@ MIXED_PRECISION = ("none", "mixed_bfloat16", "mixed_float16")
 MAX_CPU_DEVICES = 64
 
 
-def _field(default, help_text, *, choices=None, lower=None, upper=None, layout=False):
+def _field(default, help_text, *, choices=None, lower=None, upper=None, layout=False,
+           flag=True):
   """A Config field whose metadata also defines its flag.
 
   Args:
@@ -39,11 +41,12 @@ def _field(default, help_text, *, choices=None, lower=None, upper=None, layout=F
     upper: largest allowed value of a number field.
     layout: whether changing it on an existing model_dir changes the model or the
       batch layout, so a checkpoint made with another value cannot be resumed.
+    flag: whether it is a command-line flag (task_params is set by --task.NAME).
   """
   return dataclasses.field(
       default=default,
       metadata=dict(help=help_text, choices=choices, lower=lower, upper=upper,
-                    layout=layout))
+                    layout=layout, flag=flag))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +59,15 @@ class Config:
   model_dir: Optional[str] = _field(
       None, "Run directory (events, checkpoints, results.json). Default: a new "
       "timestamped folder under runs/.")
-  # Data.
-  dataset: str = _field("digits", "digits (8x8, ships with scikit-learn, offline), "
+  # The problem: a task, and its hyperparameters (--task.NAME=VALUE).
+  task: str = _field("classification", "classification (--dataset, --model), "
+                     "regression (scikit-learn's diabetes data) or MODULE:CLASS of "
+                     "a trainer.Task subclass; its fields are --task.NAME flags.",
+                     layout=True)
+  task_params: Tuple[Tuple[str, Any], ...] = _field(
+      (), "The task's hyperparameters as (name, value) pairs.", flag=False)
+  # Data (of the classification task).
+  dataset: str = _field("digits", "Classification: digits (8x8, ships with scikit-learn, offline), "
                         "mnist, npz (any .npz with x_train, y_train, x_test, y_test) "
                         "or synthetic.", choices=DATASETS, layout=True)
   data_path: Optional[str] = _field(
@@ -67,12 +77,15 @@ class Config:
                                    lower=1)
   synthetic_shape: Sequence[int] = _field(
       (28, 28, 1), "Example shape of --dataset=synthetic, e.g. 28,28,1.", layout=True)
-  shuffle: bool = _field(True, "Shuffle the training set each epoch (a stateless "
-                         "permutation of (seed, epoch)).")
+  shuffle: bool = _field(True, "Shuffle the training set each epoch (arrays: a "
+                         "stateless permutation of (seed, epoch); a tf.data task: a "
+                         "seeded buffer).")
+  shuffle_buffer: int = _field(10000, "Shuffle buffer of a task whose data is a "
+                               "tf.data.Dataset.", lower=1)
   # Model.
-  model: str = _field("cnn", "cnn (Conv2D(32,3)-MaxPool-Flatten-Dense(64)-Dense), mlp "
+  model: str = _field("cnn", "Classification: cnn (Conv2D(32,3)-MaxPool-Flatten-Dense(64)-Dense), mlp "
                       "or resnet (a small ResNet).", choices=MODELS, layout=True)
-  dropout: float = _field(0.0, "Dropout rate before the last layer (0 = none).",
+  dropout: float = _field(0.0, "Classification: dropout rate before the last layer (0 = none).",
                           lower=0.0, upper=0.95, layout=True)
   l2: float = _field(0.0, "L2 weight regularization factor on kernels.", lower=0.0,
                      layout=True)
@@ -121,6 +134,12 @@ class Config:
   deterministic: bool = _field(False, "Enable TensorFlow op determinism (bit-exact "
                                "reruns and resumes).")
   # Evaluation, checkpoints, faults.
+  best_metric: Optional[str] = _field(
+      None, "The metric that picks the best evaluation, eval/NAME (default: the "
+      "task's, e.g. eval/accuracy).")
+  best_goal: Optional[str] = _field(
+      None, "max or min: which way --best_metric is better (default: the task's).",
+      choices=("max", "min"))
   eval_every: int = _field(0, "With --mode=train_and_eval: evaluate every N steps "
                            "(0 = only at the end).", lower=0)
   checkpoint_every: int = _field(100, "Save a checkpoint every N steps (and at the "
@@ -139,9 +158,14 @@ class Config:
   def __post_init__(self):
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      if isinstance(value, list):  # Keep the dataclass hashable and immutable.
-        object.__setattr__(self, field.name, tuple(value))
-      _check_field(field, getattr(self, field.name))
+      if isinstance(value, dict):
+        value = tuple(value.items())
+      if isinstance(value, list):
+        value = tuple(value)
+      # Tuples keep the dataclass hashable and immutable.
+      object.__setattr__(self, field.name, value)
+      _check_field(field, value)
+    object.__setattr__(self, "task_params", tuple(tuple(p) for p in self.task_params))
     if self.dataset == "npz" and not self.data_path:
       raise ConfigError("--dataset=npz needs --data_path=FILE.npz")
     if self.data_path and not os.path.isfile(self.data_path):
@@ -154,9 +178,18 @@ class Config:
     if self.strategy == "multi_worker" and not self.model_dir:
       raise ConfigError("--strategy=multi_worker needs --model_dir: every worker "
                         "must name the same directory")
-    unknown = sorted(set(self.hparams) - set(field_names()))
+    if self.best_metric is not None and not self.best_metric.startswith("eval/"):
+      raise ConfigError(f"--best_metric={self.best_metric}: must be eval/NAME, e.g. "
+                        "eval/loss")
+    names = set(field_names()) | {f"task.{name}" for name, _ in self.task_params}
+    unknown = sorted(set(self.hparams) - names)
     if unknown:
       raise ConfigError(f"--hparams: unknown flag(s) {', '.join(unknown)}")
+
+  @property
+  def task_kwargs(self) -> dict:
+    """The task's hyperparameters as {name: value}."""
+    return dict(self.task_params)
 
   def replace(self, **changes) -> "Config":
     """Returns a copy with `changes` applied (and validated)."""
@@ -169,43 +202,84 @@ class Config:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return self.replace(model_dir=os.path.join("runs", stamp))
 
+  def value(self, name: str):
+    """The value of flag `name`, a Config field or `task.NAME`."""
+    if name.startswith("task."):
+      return self.task_kwargs[name[len("task."):]]
+    return getattr(self, name)
+
   def to_flags(self) -> list:
     """Returns `--name=value` lines: a flagfile that reproduces this config."""
-    return [f"--{name}={_flag_value(value)}"
-            for name, value in dataclasses.asdict(self).items() if value is not None]
+    lines = [f"--{field.name}={_flag_value(getattr(self, field.name))}"
+             for field in dataclasses.fields(self)
+             if field.metadata["flag"] and getattr(self, field.name) is not None]
+    return lines + [f"--task.{name}={_flag_value(value)}"
+                    for name, value in self.task_params]
 
-  def layout_flags(self) -> dict:
-    """Returns {name: flag value} of the fields that fix the model and batch layout."""
-    return {field.name: _flag_value(getattr(self, field.name))
-            for field in dataclasses.fields(self) if field.metadata["layout"]}
+  def layout_flags(self, task_layout=()) -> dict:
+    """Returns {name: flag value} of the flags that fix the model and batch layout.
+
+    Args:
+      task_layout: the task's hyperparameters that are part of the layout.
+    """
+    layout = {field.name: _flag_value(getattr(self, field.name))
+              for field in dataclasses.fields(self) if field.metadata["layout"]}
+    layout.update({f"task.{name}": _flag_value(value)
+                   for name, value in self.task_params if name in task_layout})
+    return layout
+
+
+def _flag_fields():
+  return [f for f in dataclasses.fields(Config) if f.metadata["flag"]]
 
 
 def flag_table() -> str:
   """The README's flag table (Markdown), generated from the fields' metadata."""
   rows = ["| Flag | Default | Meaning |", "|---|---|---|"]
-  for field in dataclasses.fields(Config):
+  for field in _flag_fields():
     default = "" if field.default is None else f"`{_flag_value(field.default)}`"
     rows.append(f"| `--{field.name}` | {default} | {field.metadata['help']} |")
   return "\n".join(rows)
 
 
 def field_names() -> list:
-  """Names of all Config fields, which are also the flag names."""
-  return [field.name for field in dataclasses.fields(Config)]
+  """Names of all Config flags (its fields but task_params)."""
+  return [field.name for field in _flag_fields()]
 
 
 def _field_named(name: str) -> dataclasses.Field:
   """The Config field of flag `name`; KeyError if there is none."""
-  return {f.name: f for f in dataclasses.fields(Config)}[name]
+  return {f.name: f for f in _flag_fields()}[name]
 
 
 def field_kind(name: str) -> type:
-  """The type flag `name` holds (str, int, float, bool or list); KeyError if none."""
+  """The type flag `name` holds (str, int, float, bool or list); KeyError if none.
+
+  `task.NAME` flags are typed by the default task's fields; see `flag_kind` for
+  another task.
+  """
   return _base_type(_field_named(name))
+
+
+def flag_kind(name: str, task_class=None) -> type:
+  """The type of flag `name`, a Config flag or `task.NAME` of `task_class`.
+
+  Raises:
+    KeyError: no such flag.
+  """
+  if name.startswith("task."):
+    from trainer import tasks  # pylint: disable=g-import-not-at-top
+    task_class = task_class or tasks.load_task_class(Config.task)
+    if name[len("task."):] not in [f.name for f in tasks.hyperparameters(task_class)]:
+      raise KeyError(name)
+    return tasks.param_type(task_class, name[len("task."):])
+  return field_kind(name)
 
 
 def field_choices(name: str):
   """The values flag `name` allows, or None when it is not an enum."""
+  if name.startswith("task."):
+    return None
   return _field_named(name).metadata["choices"]
 
 
@@ -219,11 +293,13 @@ def _flag_value(value) -> str:
 
 def _check_field(field, value):
   meta = field.metadata
-  if value is None:
+  if value is None or not meta["flag"]:
     return
   if meta["choices"] and value not in meta["choices"]:
     raise ConfigError(f"--{field.name}={value}: must be one of "
                       f"{', '.join(meta['choices'])}")
+  if isinstance(value, float) and not math.isfinite(value):
+    raise ConfigError(f"--{field.name}={value}: must be a finite number")
   if meta["lower"] is not None and value < meta["lower"]:
     raise ConfigError(f"--{field.name}={value}: must be >= {meta['lower']}")
   if meta["upper"] is not None and value > meta["upper"]:
@@ -239,69 +315,149 @@ def _base_type(field):
   return list if typing.get_origin(hint) is not None or hint is Sequence else hint
 
 
+def _define(flags, flag_values, *, name, kind, default, help_text, choices=None):
+  kwargs = dict(name=name, default=default, help=help_text, flag_values=flag_values)
+  if choices:
+    flags.DEFINE_enum(enum_values=list(choices), **kwargs)
+  elif kind is bool:
+    flags.DEFINE_bool(**kwargs)
+  elif kind is int:
+    flags.DEFINE_integer(**kwargs)
+  elif kind is float:
+    flags.DEFINE_float(**kwargs)
+  elif kind is list:
+    kwargs["default"] = None if default is None else [str(v) for v in default]
+    flags.DEFINE_list(**kwargs)
+  else:
+    flags.DEFINE_string(**kwargs)
+
+
 def define_flags(flag_values=None):
   """Defines one absl flag per Config field (on absl's global FLAGS by default)."""
   from absl import flags  # Only the CLI needs absl's flag machinery.
   if flag_values is None:
     flag_values = flags.FLAGS
-  for field in dataclasses.fields(Config):
-    kind, meta, default = _base_type(field), field.metadata, field.default
-    kwargs = dict(name=field.name, default=default, help=meta["help"],
-                  flag_values=flag_values)
-    if meta["choices"]:
-      flags.DEFINE_enum(enum_values=list(meta["choices"]), **kwargs)
-    elif kind is bool:
-      flags.DEFINE_bool(**kwargs)
-    elif kind is int:
-      flags.DEFINE_integer(**kwargs)
-    elif kind is float:
-      flags.DEFINE_float(**kwargs)
-    elif kind is list:
-      kwargs["default"] = None if default is None else [str(v) for v in default]
-      flags.DEFINE_list(**kwargs)
-    else:
-      flags.DEFINE_string(**kwargs)
+  for field in _flag_fields():
+    _define(flags, flag_values, name=field.name, kind=_base_type(field),
+            default=field.default, help_text=field.metadata["help"],
+            choices=field.metadata["choices"])
   # The name MultiWorkerMirroredStrategy's own options use for the same choice.
   flags.DEFINE_alias("communication", "cross_device_ops", flag_values=flag_values)
 
 
+def define_task_flags(task_class, flag_values=None):
+  """Defines `--task.NAME` for each hyperparameter of `task_class`."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from trainer import tasks  # pylint: disable=g-import-not-at-top
+  if flag_values is None:
+    flag_values = flags.FLAGS
+  defaults = tasks.param_defaults(task_class)
+  for field in tasks.hyperparameters(task_class):
+    name = f"task.{field.name}"
+    if name in flag_values:
+      continue
+    _define(flags, flag_values, name=name,
+            kind=tasks.param_type(task_class, field.name),
+            default=defaults.get(field.name),
+            help_text=f"Hyperparameter {field.name} of task {task_class.__name__}.")
+
+
+def _expand(argv, flag_values) -> list:
+  """`argv` (without the program name) with its flagfiles expanded.
+
+  Raises:
+    ConfigError: a flagfile cannot be read.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    expanded = flag_values.read_flags_from_files(list(argv), force_gnu=False)
+  except (flags.Error, UnicodeDecodeError) as e:
+    raise ConfigError(str(e).splitlines()[0]) from None
+  return expanded[:expanded.index("--")] if "--" in expanded else expanded
+
+
+def prepare_flags(argv: Sequence[str], flag_values=None):
+  """Loads the task a command line names and defines its `--task.NAME` flags.
+
+  Call before parsing `argv` (which includes the program name).
+
+  Raises:
+    ConfigError: the task cannot be loaded, it has no hyperparameter that a
+      `--task.NAME` names, or a flagfile cannot be read.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from trainer import tasks  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  expanded = _expand(argv[1:], flag_values)
+  specs = [a[len("--task="):] for a in expanded if a.startswith("--task=")]
+  spec = specs[-1] if specs else Config.task
+  task_class = tasks.load_task_class(spec)
+  known = [f.name for f in tasks.hyperparameters(task_class)]
+  for arg in expanded:
+    for prefix in ("--task.", "--notask."):
+      if arg.startswith(prefix):
+        name = arg[len(prefix):].split("=", 1)[0]
+        if name not in known:
+          raise ConfigError(f"--task.{name}: task {spec} has no hyperparameter "
+                            f"{name} (it has: {', '.join(known) or 'none'})")
+  define_task_flags(task_class, flag_values)
+
+
 def from_flags(flag_values=None) -> Config:
-  """Builds a Config from parsed absl flags.
+  """Builds a Config from parsed absl flags (those of `prepare_flags` included).
 
   Raises:
     ConfigError: a flag value is invalid.
   """
   from absl import flags
+  from trainer import tasks  # pylint: disable=g-import-not-at-top
   if flag_values is None:
     flag_values = flags.FLAGS
   values = {}
-  for field in dataclasses.fields(Config):
+  for field in _flag_fields():
     value = flag_values[field.name].value
     if _base_type(field) is list and value is not None:
       value = tuple(_parse_list_item(field, item) for item in value)
     values[field.name] = value
-  return Config(**values)
+  task_class = tasks.load_task_class(values["task"])
+  params = {}
+  for field in tasks.hyperparameters(task_class):
+    flag = flag_values[f"task.{field.name}"]
+    if flag.value is None:
+      raise ConfigError(f"--task.{field.name}: task {values['task']} needs a value")
+    params[field.name] = flag.value
+  config = Config(task_params=tuple(params.items()), **values)
+  tasks.build_task(config.task, config.task_kwargs)  # Checks the values.
+  return config
+
+
+def _parse(argv: Sequence[str], flag_values) -> Config:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  argv = ["trainer", *argv]
+  prepare_flags(argv, flag_values)
+  try:
+    rest = flag_values(argv)
+  except flags.Error as e:
+    raise ConfigError(str(e).splitlines()[0]) from None
+  if len(rest) > 1:
+    raise ConfigError(f"unexpected arguments {' '.join(rest[1:])!r}")
+  return from_flags(flag_values)
 
 
 def from_argv(argv: Sequence[str]) -> Config:
   """Parses trainer flags (`--flagfile=F`, `--name=value`) exactly as the CLI does.
 
   Uses private FlagValues, so sweeps and scripts can check a trial's command line
-  without importing TensorFlow or touching the global FLAGS.
+  without touching the global FLAGS (nor importing TensorFlow, unless the task's
+  own module does).
 
   Raises:
-    ConfigError: an unknown or malformed flag, or an invalid value.
+    ConfigError: an unknown or malformed flag, an invalid value or task.
   """
   from absl import flags
   flag_values = flags.FlagValues()
   define_flags(flag_values)
-  try:
-    rest = flag_values(["trainer", *argv])
-  except flags.Error as e:
-    raise ConfigError(str(e).splitlines()[0]) from None
-  if len(rest) > 1:
-    raise ConfigError(f"unexpected arguments {' '.join(rest[1:])!r}")
-  return from_flags(flag_values)
+  return _parse(argv, flag_values)
 
 
 def _parse_list_item(field, item):
@@ -319,23 +475,26 @@ def load_flagfile(path: str) -> Config:
   Raises:
     ConfigError: the file is missing or holds invalid flags.
   """
-  from absl import flags
-  flag_values = flags.FlagValues()
-  define_flags(flag_values)
   try:
-    flag_values(["trainer", f"--flagfile={path}"])
-  except (flags.Error, OSError) as e:
+    return from_argv([f"--flagfile={path}"])
+  except (ConfigError, OSError, UnicodeDecodeError) as e:
     raise ConfigError(f"{path}: {e}") from None
-  return from_flags(flag_values)
 
 
 def read_flagfile(path: str) -> dict:
-  """Reads a flagfile written by `Config.to_flags` into {name: value string}."""
+  """Reads a flagfile written by `Config.to_flags` into {name: value string}.
+
+  Unreadable files and lines that are not flags are skipped.
+  """
   values = {}
-  with open(path) as f:
-    for line in f:
-      line = line.strip()
-      if line.startswith("--") and "=" in line:
-        name, value = line[2:].split("=", 1)
-        values[name] = value
+  try:
+    with open(path, errors="replace") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return values
+  for line in lines:
+    line = line.strip()
+    if line.startswith("--") and "=" in line:
+      name, value = line[2:].split("=", 1)
+      values[name] = value
   return values

@@ -48,3 +48,7 @@ class DivergedError(TrainerError):
 class ReplicaBatchError(TrainerError):
   """A replica got a batch of the wrong size, or a wrong number of batches."""
   exit_code = ExitCode.REPLICA_BATCH
+
+
+class TaskError(TrainerError):
+  """A task's model, loss or metrics do not fit what the framework needs."""

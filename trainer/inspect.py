@@ -10,7 +10,8 @@ import math
 import os
 import sys
 
-from trainer import run_dir, tf_loader
+from trainer import tf_loader
+from trainer.outputs import run_dir
 from trainer.sweeps import report
 from trainer.sweeps.runner import SWEEP_FILE, TrialRun, results_metrics
 from trainer.sweeps.spec import Trial
@@ -54,14 +55,15 @@ def run_summary(path: str) -> str:
         f"{results.get('global_batch_size')}"
         + (f", {speed:,.0f} examples/s" if speed else ""))
     for split in SPLITS:
-      if results.get(split):
+      if isinstance(results.get(split), dict):
         values = results[split]
         extra = f", {values['examples']} examples" if "examples" in values else ""
-        lines.append(f"  {split:<5} loss {values['loss']:.4f}  accuracy "
-                     f"{values['accuracy']:.4f}  (step {values['step']}{extra})")
-    if results.get("best_eval"):
-      best = results["best_eval"]
-      lines.append(f"  best eval accuracy {best['accuracy']:.4f} at step {best['step']}")
+        lines.append(f"  {split:<5} {_metrics_text(values)}  (step "
+                     f"{values.get('step')}{extra})")
+    best, metric = results.get("best_eval"), results.get("best_metric") or "eval/loss"
+    name = metric.split("/", 1)[-1]
+    if isinstance(best, dict) and isinstance(best.get(name), (int, float)):
+      lines.append(f"  best {metric} {best[name]:.4f} at step {best.get('step')}")
     ledger = results.get("replica_batches") or {}
     if ledger:
       lines.append("  ledger (batches per replica): " +
@@ -82,6 +84,11 @@ def run_summary(path: str) -> str:
                    + (f", min {min(finite):.6g}, max {max(finite):.6g}" if finite
                       else ""))
   return "\n".join(lines)
+
+
+def _metrics_text(values: dict) -> str:
+  return "  ".join(f"{k} {v:.4f}" for k, v in values.items()
+                   if k not in ("step", "examples") and isinstance(v, (int, float)))
 
 
 def _sweep_runs(root: str) -> list:
@@ -110,12 +117,14 @@ def _sweep_runs(root: str) -> list:
   return runs
 
 
-def sweep_summary(root: str, *, metric: str = "eval/accuracy") -> str:
-  """The sweep's trials, best first by `metric`, as the sweep's live table."""
+def sweep_summary(root: str) -> str:
+  """The sweep's trials, best first by its --metric, as the sweep's live table."""
   runs = _sweep_runs(root)
   if not runs:
     return f"{root}: no runs here"
-  goal = "min" if metric.endswith("loss") else "max"
+  record = run_dir.read_json(os.path.join(root, SWEEP_FILE)) or {}
+  metric = record.get("metric") or "eval/loss"
+  goal = record.get("goal") or ("max" if metric == "examples_per_second" else "min")
   ordered = report.ranked(runs, metric=metric, goal=goal)
   return (f"sweep {root}: {len(runs)} trials, sorted by {metric} ({goal})\n"
           + report.live_table(ordered, list(runs[0].trial.values)) + "\n"

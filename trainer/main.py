@@ -18,9 +18,12 @@ config_lib.define_flags()
 
 def _parse_flags(argv):
   try:
+    config_lib.prepare_flags(argv)  # Defines the --task.NAME flags of --task.
     return flags.FLAGS(argv)
   except flags.Error as e:
     _fail(f"error: {e}", ExitCode.BAD_INPUT)
+  except TrainerError as e:
+    _fail(f"error: {e}", e.exit_code)
 
 
 def _fail(message, code):

@@ -1,6 +1,8 @@
-"""Data sets (`sources`) and their tf.data pipelines (`pipeline`)."""
+"""A task's data as distributed tf.data pipelines of global batches."""
 
-from trainer.data.pipeline import distribute, eval_dataset, train_dataset
-from trainer.data.sources import Source, load_source
+from trainer.data.pipeline import (ArrayData, StreamData, as_task_data,
+                                   count_examples, distribute, eval_dataset,
+                                   feature_spec, train_dataset)
 
-__all__ = ["Source", "distribute", "eval_dataset", "load_source", "train_dataset"]
+__all__ = ["ArrayData", "StreamData", "as_task_data", "count_examples", "distribute",
+           "eval_dataset", "feature_spec", "train_dataset"]

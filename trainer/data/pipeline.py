@@ -1,18 +1,112 @@
-"""tf.data pipelines of global batches, and their distribution over replicas.
+"""A task's data as tf.data pipelines of global batches, distributed over replicas.
 
-The training order is a pure function of (seed, step): global step `s` reads the
-positions `[s*B, (s+1)*B)` of an endless stream in which epoch `e` is a stateless
-permutation of the training set (`index_shuffle` seeded by (seed, e)), each epoch
-dropping its last partial batch. Resuming at step `s` therefore starts the stream at
-`s*B` and needs no iterator state.
+A task's data is arrays (`ArrayData`) or an unbatched tf.data.Dataset
+(`StreamData`); `as_task_data` checks it and says what is wrong.
+
+Arrays: the training order is a pure function of (seed, step): global step `s`
+reads the positions `[s*B, (s+1)*B)` of an endless stream in which epoch `e` is a
+stateless permutation of the training set (`index_shuffle` seeded by (seed, e)),
+each epoch dropping its last partial batch. Resuming at step `s` starts the stream
+at `s*B` and needs no iterator state.
+
+Streams: the dataset is shuffled with a seeded buffer, repeated and batched, so
+its order is a function of the seed (given a dataset that is itself
+deterministic); resuming at step `s` skips the first `s` batches, which reads them
+again (a cost proportional to `s`).
+
+Evaluation pads the split to whole global batches with weight-0 examples, so every
+example counts exactly once on any replica count.
 """
 
+import dataclasses
+
+import numpy as np
 import tensorflow as tf
 
-from trainer.data.sources import Source
 from trainer.errors import DataError
 
 _ENDLESS = 2**62  # Stream positions: more than any run will read.
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayData:
+  """(features, labels) held in memory: nests of arrays with a common first dim."""
+  features: object
+  labels: object
+
+  @property
+  def num_examples(self) -> int:
+    return len(tf.nest.flatten(self.features)[0])
+
+  def first(self, count: int):
+    """The first `count` examples as (features, labels) tensors."""
+    return tf.nest.map_structure(lambda a: tf.constant(a[:count]),
+                                 (self.features, self.labels))
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamData:
+  """An unbatched tf.data.Dataset of (features, labels) elements."""
+  dataset: tf.data.Dataset
+
+  def first(self, count: int):
+    for batch in self.dataset.batch(count).take(1):
+      return batch
+    raise AssertionError("as_task_data checked that the stream is not empty")
+
+
+def as_task_data(value, *, what: str):
+  """Checks a task's data and wraps it as ArrayData or StreamData.
+
+  Args:
+    value: `(features, labels)` arrays (or nests of arrays), or a tf.data.Dataset
+      of `(features, labels)` elements.
+    what: where it came from, for errors (e.g. "Task.train_data()").
+
+  Raises:
+    DataError: naming `what` and what is wrong.
+  """
+  if isinstance(value, tf.data.Dataset):
+    spec = value.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2):
+      raise DataError(f"{what}: a tf.data.Dataset must yield (features, labels) "
+                      f"pairs, got elements {spec}")
+    if not any(True for _ in value.take(1)):
+      raise DataError(f"{what}: the dataset yields no elements")
+    return StreamData(value)
+  if not (isinstance(value, (tuple, list)) and len(value) == 2):
+    raise DataError(f"{what}: must return (features, labels) arrays or a "
+                    f"tf.data.Dataset, got {type(value).__name__}")
+  try:
+    features, labels = tf.nest.map_structure(np.asarray, tuple(value))
+  except (TypeError, ValueError) as e:
+    raise DataError(f"{what}: features and labels must be arrays or dicts of "
+                    f"arrays ({e})") from None
+  leaves = tf.nest.flatten((features, labels))
+  for leaf in leaves:
+    if leaf.ndim == 0:
+      raise DataError(f"{what}: every array needs a leading example dimension, got "
+                      "a scalar")
+    if not (np.issubdtype(leaf.dtype, np.number) or leaf.dtype == np.bool_):
+      raise DataError(f"{what}: arrays must be numeric, got dtype {leaf.dtype}")
+  sizes = sorted({len(leaf) for leaf in leaves})
+  if len(sizes) > 1:
+    raise DataError(f"{what}: features and labels have different numbers of "
+                    f"examples ({', '.join(map(str, sizes))})")
+  if sizes[0] == 0:
+    raise DataError(f"{what}: no examples")
+  return ArrayData(features, labels)
+
+
+def feature_spec(data) -> object:
+  """Specs of one batch of stored features (leading dimension None)."""
+  if isinstance(data, StreamData):
+    spec = data.dataset.element_spec[0]
+    return tf.nest.map_structure(
+        lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)
+  return tf.nest.map_structure(
+      lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)),
+      data.features)
 
 
 def _options() -> tf.data.Options:
@@ -25,34 +119,47 @@ def _options() -> tf.data.Options:
   return options
 
 
-def _to_inputs(x, scale):
-  x = tf.cast(x, tf.float32)
-  return x * scale if scale != 1.0 else x
+def _identity(features):
+  return features
 
 
-def train_dataset(source: Source, *, global_batch_size: int, seed: int,
-                  shuffle: bool, start_step: int) -> tf.data.Dataset:
+def train_dataset(data, *, global_batch_size: int, seed: int, shuffle: bool,
+                  start_step: int, preprocess=_identity,
+                  shuffle_buffer: int = 10000) -> tf.data.Dataset:
   """The endless training stream of global batches, starting at `start_step`.
 
   Args:
-    source: the data set.
+    data: ArrayData or StreamData.
     global_batch_size: examples per step over all replicas.
     seed: the data-order seed.
-    shuffle: whether each epoch is a permutation (else the stored order).
+    shuffle: whether to shuffle (arrays: each epoch a permutation; streams: a
+      seeded buffer).
     start_step: the global step of the first batch.
+    preprocess: the task's map from a batch of stored features to model inputs.
+    shuffle_buffer: the buffer of a stream's shuffle.
 
   Returns:
-    A dataset of (x, y) global batches with a static batch dimension.
+    A dataset of (features, labels) global batches with a static batch dimension.
 
   Raises:
     DataError: the training set is smaller than one global batch.
   """
-  n = len(source.x_train)
+  if isinstance(data, StreamData):
+    dataset = data.dataset
+    if shuffle:
+      dataset = dataset.shuffle(shuffle_buffer, seed=seed,
+                                reshuffle_each_iteration=True)
+    dataset = dataset.repeat().batch(global_batch_size, drop_remainder=True)
+    dataset = dataset.skip(start_step).map(
+        lambda features, labels: (preprocess(features), labels),
+        num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
+  n = data.num_examples
   if n < global_batch_size:
     raise DataError(f"the training set has {n} examples, fewer than one global batch "
                     f"of {global_batch_size}; lower --per_replica_batch_size")
   steps_per_epoch = n // global_batch_size
-  x_all, y_all = tf.constant(source.x_train), tf.constant(source.y_train)
+  features, labels = tf.nest.map_structure(tf.constant, (data.features, data.labels))
 
   def gather(positions):
     step = positions // global_batch_size
@@ -62,7 +169,9 @@ def train_dataset(source: Source, *, global_batch_size: int, seed: int,
       # A batch never straddles epochs, so one seed serves the whole batch.
       seeds = tf.stack([tf.constant(seed, tf.int64), epoch[0]])
       index = tf.random.experimental.index_shuffle(index, seeds, n - 1)
-    return _to_inputs(tf.gather(x_all, index), source.scale), tf.gather(y_all, index)
+    take = lambda a: tf.gather(a, index)  # noqa: E731
+    return (preprocess(tf.nest.map_structure(take, features)),
+            tf.nest.map_structure(take, labels))
 
   dataset = tf.data.Dataset.range(start_step * global_batch_size, _ENDLESS)
   dataset = dataset.batch(global_batch_size, drop_remainder=True)
@@ -70,25 +179,49 @@ def train_dataset(source: Source, *, global_batch_size: int, seed: int,
   return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
 
-def eval_dataset(source: Source, *, global_batch_size: int):
-  """The test split, padded with weight-0 examples to whole global batches.
+def count_examples(data) -> int:
+  """The number of examples (a stream of unknown length is counted once)."""
+  if isinstance(data, ArrayData):
+    return data.num_examples
+  cardinality = int(data.dataset.cardinality())
+  if cardinality >= 0:
+    return cardinality
+  if cardinality == tf.data.INFINITE_CARDINALITY:
+    raise DataError("Task.eval_data(): the dataset is infinite; evaluation needs a "
+                    "finite split")
+  return int(data.dataset.reduce(np.int64(0), lambda count, _: count + 1))
+
+
+def eval_dataset(data, *, global_batch_size: int, preprocess=_identity):
+  """The eval split, padded with weight-0 examples to whole global batches.
 
   Args:
-    source: the data set.
+    data: ArrayData or StreamData.
     global_batch_size: examples per step over all replicas.
+    preprocess: the task's map from a batch of stored features to model inputs.
 
   Returns:
-    (dataset of (x, y, weight) global batches, number of batches).
+    (dataset of (features, labels, weight) global batches, number of batches).
   """
-  n = len(source.x_test)
+  n = count_examples(data)
   num_batches = -(-n // global_batch_size)
-  x_all, y_all = tf.constant(source.x_test), tf.constant(source.y_test)
+  if isinstance(data, StreamData):
+    real = data.dataset.map(lambda f, y: (f, y, tf.constant(1.0)))
+    # n + B - 1 elements batched with drop_remainder make exactly ceil(n / B)
+    # batches: the last real batch is completed by weight-0 copies.
+    padding = data.dataset.take(1).map(lambda f, y: (f, y, tf.constant(0.0)))
+    dataset = real.concatenate(padding.repeat(global_batch_size - 1))
+    dataset = dataset.batch(global_batch_size, drop_remainder=True).map(
+        lambda f, y, w: (preprocess(f), y, w), num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options()), num_batches
+  features, labels = tf.nest.map_structure(tf.constant, (data.features, data.labels))
 
   def gather(positions):
     index = tf.minimum(positions, n - 1)  # Padding repeats the last example...
     weight = tf.cast(positions < n, tf.float32)  # ...with weight 0.
-    x = _to_inputs(tf.gather(x_all, index), source.scale)
-    return x, tf.gather(y_all, index), weight
+    take = lambda a: tf.gather(a, index)  # noqa: E731
+    return (preprocess(tf.nest.map_structure(take, features)),
+            tf.nest.map_structure(take, labels), weight)
 
   dataset = tf.data.Dataset.range(num_batches * global_batch_size)
   dataset = dataset.batch(global_batch_size, drop_remainder=True)
@@ -100,4 +233,3 @@ def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
   """Splits each global batch into one per-replica batch per replica."""
   return strategy.experimental_distribute_dataset(
       dataset, tf.distribute.InputOptions(experimental_fetch_to_device=True))
-

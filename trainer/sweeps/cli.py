@@ -5,12 +5,13 @@ would parse it) before anything is written, then runs the trials and reports.
 """
 
 import os
+import re
 import shlex
 import sys
 
 from trainer import argparsing
 from trainer import config as config_lib
-from trainer import run_dir
+from trainer.outputs import run_dir
 from trainer.errors import ConfigError, ExitCode, TrainerError
 from trainer.sweeps import report, spec
 from trainer.sweeps.runner import LOG_DIR, Sweep, TrialRun
@@ -39,10 +40,12 @@ def _parser():
                       help="TensorFlow threads per trial (default: CPUs / --parallel)")
   parser.add_argument("--retries", type=int, default=1,
                       help="extra attempts for a failed trial (default 1)")
-  parser.add_argument("--metric", default="eval/accuracy", choices=report.METRICS,
-                      help="what ranks the trials (default eval/accuracy)")
+  parser.add_argument("--metric",
+                      help="what ranks the trials: eval/NAME, train/NAME (NAME the "
+                           "loss or a task metric) or examples_per_second (default: "
+                           "the task's, e.g. eval/accuracy)")
   parser.add_argument("--goal", choices=("max", "min"),
-                      help="default: min for losses, else max")
+                      help="default: the task's for its metrics, min for losses")
   parser.add_argument("--dry_run", action="store_true",
                       help="print the trials and their commands; run nothing")
   parser.add_argument("trainer_args", nargs=argparsing.argparse.REMAINDER,
@@ -75,8 +78,30 @@ def _parse(argv):
     args = parser.parse_args(lines + argv)
   if args.trainer_args[:1] == ["--"]:
     args.trainer_args = args.trainer_args[1:]
-  args.goal = args.goal or ("min" if args.metric.endswith("loss") else "max")
   return args
+
+
+_METRIC = re.compile(r"^((train|eval)/[A-Za-z][A-Za-z0-9_.-]*|examples_per_second)$")
+
+
+def _check_metric(args, base_args):
+  """Fills in the default --metric and --goal from the trials' task.
+
+  Raises:
+    ConfigError: a malformed --metric, or base flags that do not parse.
+  """
+  from trainer import tasks  # pylint: disable=g-import-not-at-top
+  try:
+    base = config_lib.from_argv(base_args)
+  except ConfigError as e:
+    raise ConfigError(f"the trials' flags: {e}") from None
+  task_class = tasks.load_task_class(base.task)
+  args.metric = args.metric or task_class.best_metric
+  if not _METRIC.match(args.metric):
+    raise ConfigError(f"--metric={args.metric}: use eval/NAME, train/NAME or "
+                      "examples_per_second")
+  args.goal = args.goal or tasks.metric_goal(task_class, args.metric)
+  return task_class
 
 
 def _check(args):
@@ -97,11 +122,12 @@ def build_runs(args) -> tuple:
     ConfigError: naming the bad option, or the trial and flag that is invalid.
   """
   _check(args)
-  params = ([spec.parse_grid(g) for g in args.grid] +
-            [spec.parse_random(r) for r in args.random])
+  base = [f"--flagfile={args.base_flagfile}"] if args.base_flagfile else []
+  task_class = _check_metric(args, [*base, *args.trainer_args])
+  params = ([spec.parse_grid(g, task_class) for g in args.grid] +
+            [spec.parse_random(r, task_class) for r in args.random])
   trials = spec.expand(params, trials=args.trials, seed=args.seed)
   threads = args.threads_per_trial
-  base = [f"--flagfile={args.base_flagfile}"] if args.base_flagfile else []
   hparams = ",".join(p.name for p in params)
   runs = []
   for trial in trials:
@@ -130,12 +156,13 @@ def _print_dry_run(runs):
   print(f"{len(runs)} trials (dry run: nothing was started)")
 
 
-def _replace_hparams_config(root, params):
-  """Writes ROOT's HParams config, replacing the one an earlier invocation wrote."""
+def _replace_hparams_config(root, params, metrics):
+  """Writes ROOT's HParams config, replacing the one written before (by an earlier
+  invocation, or at the start of this one before the trials' metrics were known)."""
   for name in os.listdir(root):
     if name.startswith("events.out.tfevents."):
       os.remove(os.path.join(root, name))  # Only the sweep writes events at ROOT.
-  report.write_hparams_config(root, params)
+  report.write_hparams_config(root, params, metrics)
 
 
 def main(argv=None) -> int:
@@ -153,14 +180,17 @@ def main(argv=None) -> int:
   try:
     run_dir.ensure_writable(args.root)
     with run_dir.locked(args.root, flag="--root"):
-      _replace_hparams_config(args.root, params)
+      first = dict.fromkeys([args.metric, "eval/loss", "train/loss"])
+      _replace_hparams_config(args.root, params, list(first))
       names = [p.name for p in params]
       print(f"sweep {args.root}: {len(runs)} trials, {args.parallel} at a time, "
             f"{args.threads_per_trial} TensorFlow threads each", flush=True)
       sweep = Sweep(root=args.root, runs=runs, parallel=args.parallel,
                     retries=args.retries,
-                    table=lambda rs: report.live_table(rs, names))
+                    table=lambda rs: report.live_table(rs, names),
+                    ranking={"metric": args.metric, "goal": args.goal})
       code = sweep.run()
+      _replace_hparams_config(args.root, params, report.metric_names(runs, first))
       report.write_results(args.root, runs, names, metric=args.metric,
                            goal=args.goal)
   except TrainerError as e:

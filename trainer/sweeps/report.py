@@ -6,13 +6,11 @@ import math
 import os
 import shlex
 
-from trainer import run_dir, tf_loader
+from trainer import tf_loader
+from trainer.outputs import run_dir
 from trainer.sweeps.spec import Param, flag_text
 
-METRICS = ("eval/accuracy", "eval/loss", "train/loss", "train/accuracy",
-           "examples_per_second")
-# TensorBoard HParams metrics: (tag, group = the trial's subdirectory holding it).
-HPARAMS_METRICS = (("accuracy", "eval"), ("loss", "eval"), ("loss", "train"))
+SPEED = "examples_per_second"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 
@@ -36,6 +34,20 @@ def ranked(runs: list, *, metric: str, goal: str) -> list:
                 reverse=goal == "max") + rest
 
 
+def metric_names(runs: list, first=()) -> list:
+  """The metrics any run reported: `first`, then eval/*, train/* (loss first in
+  each), then examples_per_second."""
+  seen = {name for run in runs for name in run.metrics if "/" in name}
+  ordered = list(first)
+  for split in ("eval", "train"):
+    names = sorted((n for n in seen if n.startswith(split + "/")),
+                   key=lambda n: (n != f"{split}/loss", n))
+    ordered += [n for n in names if n not in ordered]
+  if any(SPEED in run.metrics for run in runs) and SPEED not in ordered:
+    ordered.append(SPEED)
+  return ordered
+
+
 def rows(runs: list, names: list) -> tuple:
   """(header, rows of strings) shared by the CSV, the Markdown and the live table.
 
@@ -43,14 +55,15 @@ def rows(runs: list, names: list) -> tuple:
     runs: TrialRuns, in the order to show.
     names: the swept flags, one column each.
   """
-  header = ["trial", "status", *names, "step", *METRICS,
+  metrics = metric_names(runs)
+  header = ["trial", "status", *names, "step", *metrics,
             "attempts", "elapsed_s", "error"]
   body = []
   for run in runs:
     body.append([run.name, run.status,
                  *[flag_text(run.trial.values.get(n, "")) for n in names],
                  _number(run.metrics.get("step")),
-                 *[_number(run.metrics.get(m)) for m in METRICS],
+                 *[_number(run.metrics.get(m)) for m in metrics],
                  str(run.attempts), f"{run.elapsed:.1f}", run.error])
   return header, body
 
@@ -58,8 +71,7 @@ def rows(runs: list, names: list) -> tuple:
 def live_table(runs: list, names: list) -> str:
   """A fixed-width table of every trial (status, step, latest metrics, elapsed)."""
   header, body = rows(runs, names)
-  keep = [i for i, h in enumerate(header) if h not in ("error", "attempts",
-                                                        "examples_per_second")]
+  keep = [i for i, h in enumerate(header) if h not in ("error", "attempts", SPEED)]
   table = [[r[i] for i in keep] for r in [header] + body]
   widths = [max(len(row[i]) for row in table) for i in range(len(keep))]
   lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
@@ -96,13 +108,20 @@ def best_summary(runs: list, *, metric: str, goal: str) -> str:
           f"  python {shlex.join(run.command[1:])}")
 
 
-def write_hparams_config(root: str, params: list):
-  """Writes the HParams experiment (swept flags, domains, metrics) at ROOT."""
+def write_hparams_config(root: str, params: list, metrics: list):
+  """Writes the HParams experiment (swept flags, domains, metrics) at ROOT.
+
+  Args:
+    root: the sweep root.
+    params: the swept Params.
+    metrics: "split/name" metrics; each is the tag `name` in the trials' `split`
+      subdirectory.
+  """
   tf = tf_loader.load_tensorflow()
   from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
   hparams = [hp.HParam(p.name, _domain(hp, p)) for p in params]
-  metrics = [hp.Metric(tag, group=group, display_name=f"{group}/{tag}")
-             for tag, group in HPARAMS_METRICS]
+  metrics = [hp.Metric(m.split("/", 1)[1], group=m.split("/", 1)[0], display_name=m)
+             for m in metrics if "/" in m]
   writer = tf.summary.create_file_writer(root)
   with writer.as_default():
     hp.hparams_config(hparams=hparams, metrics=metrics)

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Optional
 
-from trainer import progress, run_dir
+from trainer.outputs import progress, run_dir
 from trainer.errors import ExitCode
 from trainer.sweeps.spec import Trial
 
@@ -59,9 +59,12 @@ def results_metrics(results: dict) -> dict:
   """The metrics a sweep compares, from a trial's results.json."""
   metrics = {"step": results.get("global_step")}
   for split in ("train", "eval"):
-    for name in ("loss", "accuracy"):
-      if name in (results.get(split) or {}):
-        metrics[f"{split}/{name}"] = results[split][name]
+    values = results.get(split)
+    if not isinstance(values, dict):
+      continue
+    for name, value in values.items():
+      if name not in ("step", "examples") and isinstance(value, (int, float)):
+        metrics[f"{split}/{name}"] = value
   if "examples_per_second" in results:
     metrics["examples_per_second"] = results["examples_per_second"]
   return metrics
@@ -71,7 +74,7 @@ class Sweep:
   """Schedules the trials of one sweep root and keeps its record."""
 
   def __init__(self, *, root: str, runs: list, parallel: int, retries: int,
-               table, out=None):
+               table, out=None, ranking: Optional[dict] = None):
     """Creates the scheduler.
 
     Args:
@@ -81,7 +84,9 @@ class Sweep:
       retries: extra attempts a failed trial gets in this invocation.
       table: `table(runs) -> str`, the live table's text.
       out: where the table and messages go (default stdout).
+      ranking: {"metric": ..., "goal": ...}, recorded in sweep.json for readers.
     """
+    self._ranking = ranking or {}
     self.root = root
     self.runs = runs
     self._parallel = parallel
@@ -209,7 +214,7 @@ class Sweep:
 
   def _save_record(self):
     run_dir.write_json(os.path.join(self.root, SWEEP_FILE),
-                       {"trials": [r.record() for r in self.runs]})
+                       dict(self._ranking, trials=[r.record() for r in self.runs]))
 
   def _say(self, message):
     self._out.write(message + "\n")

@@ -60,9 +60,9 @@ def flag_text(value) -> str:
   return str(value)
 
 
-def _flag_kind(name, option):
+def _flag_kind(name, option, task_class=None):
   try:
-    kind = config_lib.field_kind(name)
+    kind = config_lib.flag_kind(name, task_class)
   except KeyError:
     raise ConfigError(f"{option}: unknown trainer flag --{name}") from None
   if name in _SET_BY_SWEEP:
@@ -99,15 +99,15 @@ def _split_assignment(text, option):
   return name.strip(), rest.strip()
 
 
-def parse_grid(text: str) -> Param:
-  """Parses `NAME=V1,V2,...`.
+def parse_grid(text: str, task_class=None) -> Param:
+  """Parses `NAME=V1,V2,...` (NAME a trainer flag or `task.NAME` of `task_class`).
 
   Raises:
     ConfigError: unknown flag, empty grid, repeated or mistyped values.
   """
   option = "--grid"
   name, rest = _split_assignment(text, option)
-  kind = _flag_kind(name, f"{option}={text}")
+  kind = _flag_kind(name, f"{option}={text}", task_class)
   raw_values = [v.strip() for v in rest.split(",")]
   if not all(raw_values):
     raise ConfigError(f"{option}={text}: empty value in the grid")
@@ -117,15 +117,16 @@ def parse_grid(text: str) -> Param:
   return Param(name=name, distribution="grid", values=values)
 
 
-def parse_random(text: str) -> Param:
-  """Parses `NAME=uniform:LO:HI`, `loguniform:LO:HI`, `int:LO:HI` or `choice:A,B`.
+def parse_random(text: str, task_class=None) -> Param:
+  """Parses `NAME=uniform:LO:HI`, `loguniform:LO:HI`, `int:LO:HI` or `choice:A,B`
+  (NAME a trainer flag or `task.NAME` of `task_class`).
 
   Raises:
     ConfigError: unknown flag or distribution, bad bounds, mistyped values.
   """
   option = f"--random={text}"
   name, rest = _split_assignment(text, "--random")
-  kind = _flag_kind(name, option)
+  kind = _flag_kind(name, option, task_class)
   distribution, _, arguments = rest.partition(":")
   if distribution not in DISTRIBUTIONS:
     raise ConfigError(f"{option}: unknown distribution {distribution!r}; use "

@@ -71,7 +71,7 @@ _REGISTRY = {"cnn": _cnn, "mlp": _mlp, "resnet": _resnet}
 
 
 def build_model(config: Config, *, input_shape, num_classes: int) -> keras.Model:
-  """Builds the model named by --model, its weights seeded by --seed.
+  """Builds the model named by --model (the framework seeds Keras first).
 
   Call it inside `strategy.scope()` so the variables are mirrored.
 
@@ -83,20 +83,6 @@ def build_model(config: Config, *, input_shape, num_classes: int) -> keras.Model
   Returns:
     A built Keras functional model.
   """
-  keras.utils.set_random_seed(config.seed)
   inputs = keras.Input(shape=input_shape, name="inputs")
   outputs = _REGISTRY[config.model](inputs, config, num_classes)
   return keras.Model(inputs, outputs, name=config.model)
-
-
-def build_optimizer(config: Config) -> keras.optimizers.Optimizer:
-  """Builds the optimizer named by --optimizer (loss-scaled for mixed_float16)."""
-  if config.optimizer == "adam":
-    optimizer = keras.optimizers.Adam(config.learning_rate)
-  elif config.optimizer == "sgd":
-    optimizer = keras.optimizers.SGD(config.learning_rate)
-  else:
-    optimizer = keras.optimizers.SGD(config.learning_rate, momentum=config.momentum)
-  if config.mixed_precision == "mixed_float16":
-    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-  return optimizer

@@ -9,7 +9,7 @@ import time
 import psutil
 import tensorflow as tf
 
-from trainer import run_dir
+from trainer.outputs import run_dir
 
 
 def peak_rss_mib() -> float:
@@ -24,9 +24,19 @@ def seconds_since_process_start() -> float:
 class Results:
   """Accumulates a run's numbers; `finish` writes them (on the chief)."""
 
-  def __init__(self, config, state):
+  def __init__(self, config, state, *, best_metric: str, best_goal: str):
+    """Starts the record of a run.
+
+    Args:
+      config: the run's config.
+      state: its RunState.
+      best_metric: "eval/NAME" that picks the best evaluation.
+      best_goal: "max" or "min".
+    """
     self._config = config
     self._state = state
+    self._best_name = best_metric.split("/", 1)[1]
+    self._best_goal = best_goal
     self._path = os.path.join(config.model_dir, run_dir.RESULTS_FILE)
     previous = run_dir.read_json(self._path) or {}
     self.calls = 0
@@ -44,10 +54,13 @@ class Results:
         "devices": list(state.strategy.extended.worker_devices),
         "tf_version": tf.__version__,
         "python_version": platform.python_version(),
+        "task": config.task,
+        "best_metric": best_metric,
+        "best_goal": best_goal,
         "best_eval": previous.get("best_eval"),
     }
 
-  def record_train_call(self, *, step, steps, loss, accuracy):
+  def record_train_call(self, *, step: int, steps: int, metrics: dict):
     """Records one loop call, right after it finished.
 
     Speed is wall-clock time from the end of one call to the end of the next, so it
@@ -61,13 +74,17 @@ class Results:
     else:
       self._intervals.append((steps, now - self._last_call_end))
     self._last_call_end = now
-    self.data["train"] = {"loss": loss, "accuracy": accuracy, "step": step}
+    self.data["train"] = dict(metrics, step=step)
 
-  def record_eval(self, step, metrics):
+  def record_eval(self, step: int, metrics: dict):
+    """Records an evaluation; it is the best so far if --best_metric improved."""
     self.eval_step = step
     self.data["eval"] = dict(metrics, step=step)
     best = self.data.get("best_eval")
-    if best is None or metrics["accuracy"] > best["accuracy"]:
+    value = metrics[self._best_name]
+    if (best is None or self._best_name not in best or
+        (value > best[self._best_name] if self._best_goal == "max"
+         else value < best[self._best_name])):
       self.data["best_eval"] = dict(metrics, step=step)
 
   def finish(self, status: str) -> dict:

@@ -116,8 +116,13 @@ def _read_lock(path):
     return None
 
 
-def check_layout(model_dir: str, config: config_lib.Config):
+def check_layout(model_dir: str, config: config_lib.Config, task_layout=()):
   """Refuses flags that change the model or batch layout of an existing run.
+
+  Args:
+    model_dir: the run directory.
+    config: this invocation's config.
+    task_layout: the task's hyperparameters that are part of the layout.
 
   Raises:
     ModelDirError: listing each differing flag with the value the run was made with.
@@ -127,7 +132,7 @@ def check_layout(model_dir: str, config: config_lib.Config):
     return
   recorded = config_lib.read_flagfile(path)
   differing = [f"--{name}={value} (the run has {recorded[name]})"
-               for name, value in config.layout_flags().items()
+               for name, value in config.layout_flags(task_layout).items()
                if name in recorded and recorded[name] != value]
   if differing:
     raise ModelDirError(f"--model_dir={model_dir} holds a checkpoint made with other "

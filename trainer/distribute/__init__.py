@@ -1,0 +1,1 @@
+"""Devices, the tf.distribute strategy, cluster resolvers and the local launcher."""

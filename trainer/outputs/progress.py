@@ -1,0 +1,93 @@
+"""Progress lines on stdout, and their parser (sweeps read trials' lines).
+
+The line formats live here, next to the parser, so changing one changes the other:
+
+    step 100/300  loss 0.4211  accuracy 0.8750  45,120 examples/s  ETA 0:00:02
+    eval at step 100: loss 0.4253  accuracy 0.8778  (360 examples)
+
+Each line holds the loss and the task's metrics as `name value` pairs. This module
+does not import TensorFlow.
+"""
+
+import re
+import time
+
+_STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)  (?P<pairs>.*?)  "
+                        r"[\d,]+ examples/s")
+_EVAL_LINE = re.compile(r"^eval at step (?P<step>\d+): (?P<pairs>.*?)  \(\d+ examples\)")
+_PAIR = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_.-]*) (?P<value>\S+)$")
+
+
+def format_metrics(metrics: dict) -> str:
+  """`loss 0.1234  accuracy 0.9000`: every metric but the example count."""
+  return "  ".join(f"{name} {value:.4f}" for name, value in metrics.items()
+                   if name != "examples")
+
+
+def _pairs(text: str, split: str) -> dict:
+  values = {}
+  for part in text.split("  "):
+    match = _PAIR.match(part)
+    if match:
+      try:
+        values[f"{split}/{match['name']}"] = float(match["value"])
+      except ValueError:
+        pass
+  return values
+
+
+def parse_line(line: str) -> dict:
+  """{"step", "train/NAME" ...} or {"step", "eval/NAME" ...} from a progress line.
+
+  Returns:
+    The values the line reports ({} for other lines).
+  """
+  for pattern, split in ((_STEP_LINE, "train"), (_EVAL_LINE, "eval")):
+    match = pattern.match(line)
+    if match:
+      return {"step": int(match["step"]), **_pairs(match["pairs"], split)}
+  return {}
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+  """One line per loop call: step/total, loss, the task's metrics, examples/s, ETA."""
+
+  def __init__(self, *, total_steps: int, enabled: bool, speak: bool = True):
+    """Creates the reporter.
+
+    Args:
+      total_steps: the run's --train_steps, for the ETA.
+      enabled: print a line per loop call.
+      speak: print one-off messages (`say`); off on non-chief workers.
+    """
+    self._total = total_steps
+    self._enabled = enabled
+    self._speak = speak
+    self._start = time.perf_counter()
+    self._start_step = None
+
+  def report(self, step: int, metrics: dict, *, examples_per_second: float):
+    """Prints the line of a loop call that ended at `step`."""
+    if self._start_step is None:
+      self._start_step, self._start = step, time.perf_counter()
+      eta = "?"
+    else:
+      rate = (step - self._start_step) / max(time.perf_counter() - self._start, 1e-9)
+      eta = _duration((self._total - step) / rate) if rate > 0 else "?"
+    if self._enabled:
+      print(f"step {step}/{self._total}  {format_metrics(metrics)}  "
+            f"{examples_per_second:,.0f} examples/s  ETA {eta}", flush=True)
+
+  def report_eval(self, step: int, metrics: dict):
+    """Prints an evaluation's line (`metrics` holds "examples", the count)."""
+    self.say(f"eval at step {step}: {format_metrics(metrics)}  "
+             f"({metrics['examples']} examples)")
+
+  def say(self, message: str):
+    if self._speak:
+      print(message, flush=True)

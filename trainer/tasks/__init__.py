@@ -1,0 +1,116 @@
+"""Tasks: the `Task` base class, the built-in tasks, and loading `--task=...`.
+
+`--task` is a built-in name (`classification`, `regression`) or `MODULE:CLASS` of a
+Task subclass importable from PYTHONPATH (the working directory included). Task
+hyperparameters are the class's dataclass fields, set with `--task.NAME=VALUE`.
+Loading a built-in task does not import TensorFlow.
+"""
+
+import dataclasses
+import importlib
+import sys
+import typing
+
+from trainer.errors import ConfigError
+from trainer.tasks.base import (Task, hyperparameters, layout_field_names,
+                                metric_goal)
+
+BUILTIN = {
+    "classification": "trainer.tasks.classification:Classification",
+    "regression": "trainer.tasks.regression:Regression",
+}
+PARAM_TYPES = (bool, int, float, str)
+
+
+def load_task_class(spec: str) -> type:
+  """The Task class named by `spec` (a built-in name or MODULE:CLASS).
+
+  Raises:
+    ConfigError: unknown name, a module that does not import, a missing class, a
+      class that is not a Task, or a hyperparameter of an unsupported type.
+  """
+  target = BUILTIN.get(spec, spec)
+  module_name, sep, class_name = target.partition(":")
+  if not sep or not module_name or not class_name:
+    raise ConfigError(f"--task={spec}: use a built-in task ({', '.join(BUILTIN)}) or "
+                      "MODULE:CLASS of a trainer.Task subclass")
+  if "" not in sys.path and "." not in sys.path:
+    sys.path.insert(0, "")  # `python -m` adds the working directory; scripts do not.
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as e:  # pylint: disable=broad-except
+    # Any error while importing the user's module is the user's to fix.
+    raise ConfigError(f"--task={spec}: cannot import {module_name} "
+                      f"({type(e).__name__}: {_first_line(e)})") from None
+  task_class = getattr(module, class_name, None)
+  if task_class is None:
+    raise ConfigError(f"--task={spec}: module {module_name} has no {class_name}")
+  if not (isinstance(task_class, type) and issubclass(task_class, Task)):
+    raise ConfigError(f"--task={spec}: {class_name} is not a subclass of trainer.Task")
+  for field in hyperparameters(task_class):
+    param_type(task_class, field.name)  # Raises for unsupported types.
+  return task_class
+
+
+def _first_line(error) -> str:
+  return (str(error).splitlines() or [""])[0]
+
+
+def task_spec(task_class) -> str:
+  """The `--task` value that loads `task_class`."""
+  target = f"{task_class.__module__}:{task_class.__qualname__}"
+  return {v: k for k, v in BUILTIN.items()}.get(target, target)
+
+
+def param_type(task_class, name: str) -> type:
+  """The type of hyperparameter `name`: bool, int, float or str.
+
+  Raises:
+    ConfigError: the field's type is not one a flag can hold.
+  """
+  hints = typing.get_type_hints(task_class)
+  kind = hints.get(name)
+  if kind not in PARAM_TYPES:
+    raise ConfigError(f"task {task_class.__name__}: field {name} has type {kind}; "
+                      "task hyperparameters must be bool, int, float or str")
+  return kind
+
+
+def param_defaults(task_class) -> dict:
+  """{name: default} of the class's hyperparameters (required ones absent)."""
+  defaults = {}
+  for field in hyperparameters(task_class):
+    if field.default is not dataclasses.MISSING:
+      defaults[field.name] = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+      defaults[field.name] = field.default_factory()
+  return defaults
+
+
+def task_params(task: Task) -> dict:
+  """{name: value} of a task instance's hyperparameters."""
+  return {f.name: getattr(task, f.name) for f in hyperparameters(type(task))}
+
+
+def build_task(spec: str, params: dict) -> Task:
+  """Instantiates the task `spec` with hyperparameters `params`.
+
+  Raises:
+    ConfigError: an unknown hyperparameter, or a value the task rejects (its
+      `__post_init__` raising ValueError or TypeError).
+  """
+  task_class = load_task_class(spec)
+  known = [f.name for f in hyperparameters(task_class)]
+  unknown = sorted(set(params) - set(known))
+  if unknown:
+    raise ConfigError(f"--task.{unknown[0]}: task {spec} has no hyperparameter "
+                      f"{unknown[0]} (it has: {', '.join(known) or 'none'})")
+  try:
+    return task_class(**params)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f"--task={spec}: {_first_line(e)}") from None
+
+
+__all__ = ["BUILTIN", "Task", "build_task", "hyperparameters", "layout_field_names",
+           "load_task_class", "metric_goal", "param_defaults", "param_type",
+           "task_params", "task_spec"]

@@ -1,0 +1,130 @@
+"""Small actions the controller runs after every loop call, in order.
+
+Each is a callable `action(call) -> outcome` on a `controller.LoopCall`: None to go
+on, `controller.ROLLED_BACK` after restoring an earlier step, or a status string
+that ends training ("interrupted").
+"""
+
+from trainer.errors import DivergedError, ModelDirError
+from trainer.outputs.progress import Progress
+from trainer.outputs.results import Results
+from trainer.outputs.summaries import Summaries
+from trainer.training import evaluation
+from trainer.training.controller import ROLLED_BACK, LoopCall
+from trainer.training.state import RunState
+
+MAX_ROLLBACKS = 3
+
+
+def check_ledger(state: RunState):
+  """Stops the run (ReplicaBatchError) unless every replica got one batch per step."""
+
+  def action(call: LoopCall):
+    state.train_ledger.check(
+        expected_batches=call.num_steps,
+        per_replica_batch_size=state.config.per_replica_batch_size,
+        counts=(call.outputs["ledger_batches"], call.outputs["ledger_examples"]))
+
+  return action
+
+
+class NanPolicy:
+  """--on_nan: stop (DivergedError), or roll back and halve the learning rate."""
+
+  def __init__(self, *, state: RunState, results: Results, progress: Progress):
+    self._state = state
+    self._results = results
+    self._progress = progress
+    self.rollbacks = 0
+
+  def __call__(self, call: LoopCall):
+    if call.all_finite:
+      return None
+    state = self._state
+    if state.config.on_nan == "rollback" and self.rollbacks < MAX_ROLLBACKS:
+      self.rollbacks += 1
+      restored = state.checkpoints.restore_latest()
+      if restored is None:
+        raise ModelDirError("--on_nan=rollback: no checkpoint to roll back to")
+      learning_rate = state.optimizer.learning_rate
+      learning_rate.assign(learning_rate * 0.5)
+      self._progress.say(f"non-finite loss at step {call.step}: rolled back to step "
+                         f"{restored}, learning rate halved to "
+                         f"{float(learning_rate.numpy()):g}")
+      return ROLLED_BACK
+    self._results.finish("diverged")
+    raise DivergedError(f"non-finite loss or gradients at step {call.step} (loss "
+                        f"{call.metrics['loss']}); the last good checkpoint is kept. "
+                        "Lower --learning_rate or use --on_nan=rollback")
+
+
+def record(state: RunState, results: Results, summaries: Summaries,
+           progress: Progress):
+  """Records the call in results.json's data, TensorBoard and the progress line."""
+
+  def action(call: LoopCall):
+    results.record_train_call(step=call.step, steps=call.num_steps,
+                              metrics=call.metrics)
+    examples_per_second = call.num_steps * state.global_batch_size / call.seconds
+    ledger = state.train_ledger.total_batches
+    summaries.scalars("train", call.step, {
+        **call.metrics, "gradient_norm": call.outputs["gradient_norm"],
+        "learning_rate": call.outputs["learning_rate"],
+        "examples_per_second": examples_per_second,
+        "steps_per_second": call.num_steps / call.seconds,
+        **{f"replica_batches/replica_{i}": n for i, n in enumerate(ledger)}})
+    progress.report(call.step, call.metrics, examples_per_second=examples_per_second)
+
+  return action
+
+
+def checkpoint(state: RunState, summaries: Summaries):
+  """Saves every --checkpoint_every steps and at --train_steps."""
+  config = state.config
+
+  def action(call: LoopCall):
+    if call.step % config.checkpoint_every == 0 or call.step >= config.train_steps:
+      state.checkpoints.save()
+      summaries.flush()  # Events on disk reach at least the checkpoint's step.
+
+  return action
+
+
+class Evaluator:
+  """Evaluates the model and records it (results, TensorBoard, a line)."""
+
+  def __init__(self, *, state: RunState, results: Results, summaries: Summaries,
+               progress: Progress):
+    self._state = state
+    self._results = results
+    self._summaries = summaries
+    self._progress = progress
+
+  def evaluate(self) -> dict:
+    step = self._state.step
+    metrics = evaluation.evaluate_once(self._state)
+    self._results.record_eval(step, metrics)
+    self._summaries.scalars("eval", step, evaluation.scalars(metrics))
+    self._progress.report_eval(step, metrics)
+    return metrics
+
+  def __call__(self, call: LoopCall):
+    """As an action: every --eval_every steps with --mode=train_and_eval."""
+    config = self._state.config
+    if (config.mode == "train_and_eval" and config.eval_every and
+        call.step % config.eval_every == 0):
+      self.evaluate()
+
+
+def stop_vote(state: RunState, stop_request, progress: Progress):
+  """Ends training ("interrupted") after a checkpoint once any worker got a signal."""
+
+  def action(call: LoopCall):
+    if state.stop_vote(bool(stop_request)):
+      state.checkpoints.save()
+      progress.say(f"{stop_request.signal_name or 'a stop request'}: saved a "
+                   f"checkpoint at step {call.step}; rerun the same command to resume")
+      return "interrupted"
+    return None
+
+  return action

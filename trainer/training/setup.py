@@ -1,0 +1,63 @@
+"""Before MODEL_DIR is touched: devices, the strategy, the task bound to the run's
+config, and its data checked. Everything here can fail with a one-line error and
+leave no trace on disk."""
+
+import dataclasses
+
+import tensorflow as tf
+
+from trainer import data
+from trainer.config import Config
+from trainer.distribute import devices
+from trainer.errors import ConfigError, DataError
+from trainer.tasks import Task
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """What `setup` found: the strategy, this process's role, the task and data."""
+  strategy: tf.distribute.Strategy
+  is_chief: bool
+  task: Task
+  train_data: object  # data.ArrayData or data.StreamData
+  eval_data: object  # the same, or None
+
+  @property
+  def global_batch_size(self) -> int:
+    return self.task.config.per_replica_batch_size * self.strategy.num_replicas_in_sync
+
+
+def bind(task: Task, config: Config) -> Task:
+  """Gives the task its run's config (`task.config`), also for frozen dataclasses."""
+  object.__setattr__(task, "config", config)
+  return task
+
+
+def setup(config: Config, task: Task) -> Setup:
+  """Configures devices and the strategy, binds the task, loads and checks its data.
+
+  Raises:
+    TrainerError: bad devices, cluster, data, or a mode the task cannot serve.
+  """
+  devices.configure_devices(config)
+  strategy = devices.make_strategy(config)
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  bind(task, config)
+  train_data = data.as_task_data(task.train_data(), what="Task.train_data()")
+  eval_value = task.eval_data()
+  eval_data = (None if eval_value is None else
+               data.as_task_data(eval_value, what="Task.eval_data()"))
+  if eval_data is None and config.mode != "train":
+    raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
+                      "(Task.eval_data() returned None); use --mode=train")
+  result = Setup(strategy=strategy, is_chief=devices.is_chief(strategy), task=task,
+                 train_data=train_data, eval_data=eval_data)
+  if isinstance(train_data, data.ArrayData):
+    n, global_batch = train_data.num_examples, result.global_batch_size
+    if n < global_batch:
+      raise DataError(f"the training set has {n} examples, fewer than one global "
+                      f"batch of {global_batch} (--per_replica_batch_size="
+                      f"{config.per_replica_batch_size} x "
+                      f"{strategy.num_replicas_in_sync} replicas)")
+  return result
