@@ -68,7 +68,8 @@ def run_variant(variant, *, model, dataset, replicas, args, extra=()):
   process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
                            timeout=args.timeout, check=False)
-  lines = [l for l in process.stdout.splitlines() if l.startswith("BENCHMARK_RESULT ")]
+  lines = [line for line in process.stdout.splitlines()
+           if line.startswith("BENCHMARK_RESULT ")]
   if lines:
     result = json.loads(lines[-1].split(" ", 1)[1])
   else:

@@ -120,7 +120,9 @@ def test_tensorboard_serves_every_trials_scalars_and_hparams(grid_root):
     assert domains == {"learning_rate": [0.001, 0.01],
                        "per_replica_batch_size": [16, 32]}
     metrics = {(m["name"]["group"], m["name"]["tag"]) for m in experiment["metricInfos"]}
-    assert metrics == {("eval", "accuracy"), ("eval", "loss"), ("train", "loss")}
+    # Every metric the trials reported (the task's), not a fixed list.
+    assert metrics == {("eval", "accuracy"), ("eval", "loss"), ("train", "accuracy"),
+                       ("train", "loss")}
     groups = get("/data/plugin/hparams/session_groups", {
         "experimentName": "", "startIndex": 0, "sliceSize": 100,
         "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
@@ -281,6 +283,14 @@ def test_several_spec_files_and_the_command_line_combine(tmp_path):
     ([], "nothing to sweep"),
     (["--grid=learning_rate=0.1", "--parallel=0"], "--parallel=0: must be >= 1"),
     (["--spec=flags/sweeps/none.sweep"], "--spec=flags/sweeps/none.sweep: No such file"),
+    (["--grid=task.hidden=8,16"], "--grid=task.hidden=8,16: unknown trainer flag "
+     "--task.hidden"),
+    (["--grid=task.hidden=8,x", "--", "--task=regression"],
+     "'x' is not a valid int for --task.hidden"),
+    (["--grid=task.hidden=0,8", "--metric=eval/mae", "--", "--task=regression",
+      "--mode=train_and_eval"], "trial task.hidden=0: --task=regression: hidden=0"),
+    (["--grid=learning_rate=0.1", "--metric=accuracy"],
+     "--metric=accuracy: use eval/NAME, train/NAME or examples_per_second"),
 ])
 def test_invalid_specs_are_rejected_before_anything_starts(tmp_path, capsys, args,
                                                            message):
@@ -312,3 +322,24 @@ def test_a_sweep_root_in_use_is_refused(tmp_path, capsys):
   err = capsys.readouterr().err
   assert f"--root={root}: in use by pid {os.getpid()}" in err
   assert sorted(os.listdir(root)) == [".lock"]  # Nothing started or written.
+
+
+def test_sweep_over_a_task_hyperparameter_ranks_by_its_metric(tmp_path, capsys):
+  root = str(tmp_path / "sweep")
+  result = sweep(f"--root={root}", "--grid=task.hidden=4,32", "--metric=eval/mae",
+                 "--", "--task=regression", "--mode=train_and_eval",
+                 "--train_steps=60", "--learning_rate=0.01", "--steps_per_loop=20")
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  rows = read_csv(root)
+  assert {r["trial"] for r in rows} == {"task.hidden=4", "task.hidden=32"}
+  assert {"eval/mae", "eval/rmse", "train/mae", "eval/loss"} <= rows[0].keys()
+  assert "eval/accuracy" not in rows[0]
+  maes = [float(r["eval/mae"]) for r in rows]
+  assert maes == sorted(maes)  # The regression task's goal for mae: min.
+  with open(os.path.join(root, "sweep.json")) as f:
+    record = json.load(f)
+  assert (record["metric"], record["goal"]) == ("eval/mae", "min")
+  with open(os.path.join(root, rows[0]["trial"], "flags.txt")) as f:
+    assert f"--task.hidden={rows[0]['task.hidden']}\n" in f.read()
+  assert inspect_lib.main([root]) == 0
+  assert "2 trials, sorted by eval/mae (min)" in capsys.readouterr().out

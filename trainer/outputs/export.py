@@ -8,23 +8,21 @@ import tensorflow as tf
 
 
 def _named_specs(signature) -> list:
-  """The signature's TensorSpecs, flat, each named (by its dict key, or "inputs")."""
-  if isinstance(signature, dict):
-    flat = []
-    for path, spec in zip(_paths(signature), tf.nest.flatten(signature)):
-      flat.append(tf.TensorSpec(spec.shape, spec.dtype, name=spec.name or path))
-    return flat
-  flat = tf.nest.flatten(signature)
-  if len(flat) == 1:
-    return [tf.TensorSpec(flat[0].shape, flat[0].dtype, flat[0].name or "inputs")]
-  return [tf.TensorSpec(s.shape, s.dtype, s.name or f"inputs_{i}")
-          for i, s in enumerate(flat)]
+  """The signature's TensorSpecs in `tf.nest.flatten` order, each named: its own
+  name, else its path of dict keys ("image", "meta_age"), else "inputs"."""
+  return [tf.TensorSpec(spec.shape, spec.dtype, name=spec.name or path)
+          for spec, path in zip(tf.nest.flatten(signature), _paths(signature))]
 
 
-def _paths(structure) -> list:
-  """Names of a nest's leaves in `tf.nest.flatten` order, e.g. "image", "meta_age"."""
-  return [path.replace("/", "_")
-          for path, _ in tf.nest.flatten_with_joined_string_paths(structure)]
+def _paths(structure, prefix: str = "") -> list:
+  """Names of a nest's leaves, in `tf.nest.flatten` order (dict keys sorted)."""
+  if isinstance(structure, dict):
+    return [path for key in sorted(structure)
+            for path in _paths(structure[key], f"{prefix}{key}_")]
+  if isinstance(structure, (list, tuple)):
+    return [path for index, item in enumerate(structure)
+            for path in _paths(item, f"{prefix}{index}_")]
+  return [prefix.rstrip("_") or "inputs"]
 
 
 def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:

@@ -11,6 +11,7 @@ import importlib
 import sys
 import typing
 
+from trainer import tf_loader
 from trainer.errors import ConfigError
 from trainer.tasks.base import (Task, hyperparameters, layout_field_names,
                                 metric_goal)
@@ -36,6 +37,10 @@ def load_task_class(spec: str) -> type:
                       "MODULE:CLASS of a trainer.Task subclass")
   if "" not in sys.path and "." not in sys.path:
     sys.path.insert(0, "")  # `python -m` adds the working directory; scripts do not.
+  if spec not in BUILTIN:
+    # A user's module imports TensorFlow itself: first load it quietly, so its
+    # native start-up lines do not reach the terminal.
+    tf_loader.load_tensorflow()
   try:
     module = importlib.import_module(module_name)
   except Exception as e:  # pylint: disable=broad-except

@@ -16,7 +16,7 @@ import tensorflow as tf
 from trainer import data
 from trainer.config import Config
 from trainer.training.state import RunState
-from trainer.training.steps import replica_batch_error
+from trainer.training.steps import call_checked
 
 ROLLED_BACK = "rolled_back"
 _AUTO_TARGET_SECONDS = 1.0  # --steps_per_loop=0: aim for loop calls this long.
@@ -95,11 +95,8 @@ class Controller:
   def _dispatch(self, iterator, num_steps: int) -> LoopCall:
     state = self._state
     start = time.perf_counter()
-    try:
-      outputs = {k: v.numpy() for k, v in
-                 state.train_loop(iterator, tf.constant(num_steps)).items()}
-    except tf.errors.InvalidArgumentError as e:
-      raise replica_batch_error(e) or e
+    outputs = {k: v.numpy() for k, v in call_checked(
+        state.train_loop, iterator, tf.constant(num_steps)).items()}
     seconds = time.perf_counter() - start
     self._calls += 1
     examples = max(float(outputs["examples"]), 1.0)

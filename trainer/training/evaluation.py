@@ -13,7 +13,7 @@ from trainer.outputs.summaries import Summaries
 from trainer.tasks import Task
 from trainer.training.setup import setup
 from trainer.training.state import RunState, build_state
-from trainer.training.steps import replica_batch_error
+from trainer.training.steps import call_checked
 
 
 def evaluate_once(state: RunState) -> dict:
@@ -31,10 +31,7 @@ def evaluate_once(state: RunState) -> dict:
       state.eval_data, global_batch_size=state.global_batch_size,
       preprocess=state.task.preprocess)
   iterator = iter(data.distribute(state.strategy, dataset))
-  try:
-    state.eval_loop(iterator, tf.constant(num_batches))
-  except tf.errors.InvalidArgumentError as e:
-    raise replica_batch_error(e) or e
+  call_checked(state.eval_loop, iterator, tf.constant(num_batches))
   state.eval_ledger.check(expected_batches=num_batches,
                           per_replica_batch_size=state.config.per_replica_batch_size)
   totals = state.eval_totals.read()

@@ -6,7 +6,6 @@ import re
 import keras
 import tensorflow as tf
 
-from trainer import data
 from trainer.config import Config
 from trainer.errors import TaskError
 from trainer.tasks import Task

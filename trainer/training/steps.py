@@ -45,6 +45,18 @@ def replica_batch_error(error: tf.errors.InvalidArgumentError):
       "size is not per_replica_batch_size x replicas)")
 
 
+def call_checked(loop, *args):
+  """Calls a train or eval loop; its in-graph batch assertion becomes a
+  ReplicaBatchError naming the replica (other errors pass through)."""
+  try:
+    return loop(*args)
+  except tf.errors.InvalidArgumentError as e:
+    error = replica_batch_error(e)
+    if error is None:
+      raise
+    raise error from None
+
+
 def _loss_scale(optimizer):
   return getattr(optimizer, "dynamic_scale", None) if isinstance(
       optimizer, keras.optimizers.LossScaleOptimizer) else None

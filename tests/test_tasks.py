@@ -1,0 +1,236 @@
+"""The Task API: user tasks from the command line and from Python, the regression
+task, tf.data tasks, and every guarantee held for a task that is not the default."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+
+import trainer
+from trainer.config import Config
+from trainer.errors import ConfigError
+from trainer.outputs import progress
+from trainer.tasks import regression
+
+import user_tasks
+from conftest import REPO, checkpoint_values, cli_env, run_cli
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_env():
+  return cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
+
+
+def _results(model_dir):
+  with open(os.path.join(model_dir, "results.json")) as f:
+    return json.load(f)
+
+
+def _tags(directory):
+  accumulator = event_accumulator.EventAccumulator(
+      directory, size_guidance={event_accumulator.TENSORS: 0})
+  accumulator.Reload()
+  return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto)))
+                for e in accumulator.Tensors(tag)]
+          for tag in accumulator.Tags()["tensors"] if tag != "flags"}
+
+
+def _assert_one_line_error(process, fragment):
+  assert process.returncode == 2, process.stdout + process.stderr
+  lines = process.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), process.stderr
+  assert "Traceback" not in process.stdout + process.stderr
+  assert fragment in lines[0], lines[0]
+
+
+def test_user_task_from_the_command_line_trains_evaluates_and_exports(model_dir):
+  args = ["--task=user_tasks:Quadratic", "--task.hidden=8", "--mode=train_and_eval",
+          "--cpu_devices=2", "--per_replica_batch_size=8", "--train_steps=30",
+          "--steps_per_loop=10", "--eval_every=10", "--learning_rate=0.01",
+          f"--model_dir={model_dir}"]
+  process = run_cli(*args, env=_user_env())
+  assert process.returncode == 0, process.stderr
+  assert "task user_tasks:Quadratic" in process.stdout
+  step_lines = [line for line in process.stdout.splitlines()
+                if line.startswith("step 30/30")]
+  assert step_lines and "  mae " in step_lines[0] and "accuracy" not in process.stdout
+  assert progress.parse_line(step_lines[0]).keys() == {"step", "train/loss",
+                                                       "train/mae"}
+  results = _results(model_dir)
+  assert set(results["train"]) == {"loss", "mae", "step"}
+  assert results["eval"]["examples"] == 77 and "mae" in results["eval"]
+  assert results["best_metric"] == "eval/loss"
+  assert {"mae", "loss"} <= _tags(os.path.join(model_dir, "train")).keys()
+  assert [s for s, _ in _tags(os.path.join(model_dir, "eval"))["mae"]] == [10, 20, 30]
+  flags_txt = open(os.path.join(model_dir, "flags.txt")).read()
+  assert "--task=user_tasks:Quadratic\n" in flags_txt
+  assert "--task.hidden=8\n" in flags_txt and "--task.delta=1.0\n" in flags_txt
+  served = tf.saved_model.load(os.path.join(model_dir, "export"))
+  x = np.ones((2, 3), np.float32)
+  assert served.signatures["serving_default"](inputs=x)["outputs"].shape == (2, 1)
+  # A layout hyperparameter cannot change on resume; another one can.
+  refused = run_cli(*args[:1], "--task.hidden=4", *args[2:], "--train_steps=40",
+                    env=_user_env())
+  _assert_one_line_error(refused, "--task.hidden=4 (the run has 8)")
+  resumed = run_cli(*args, "--task.delta=0.5", "--train_steps=40", env=_user_env())
+  assert resumed.returncode == 0, resumed.stderr
+  assert "resuming at step 30" in resumed.stdout
+  assert "--task.delta=0.5\n" in open(os.path.join(model_dir, "flags.txt")).read()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--task=imagenet"], "--task=imagenet: use a built-in task (classification, "
+                          "regression) or MODULE:CLASS"),
+    (["--task=no_such_module:Task"], "cannot import no_such_module"),
+    (["--task=user_tasks:Missing"], "module user_tasks has no Missing"),
+    (["--task=user_tasks:NotATask"], "NotATask is not a subclass of trainer.Task"),
+    (["--task=user_tasks:Quadratic", "--task.width=3"],
+     "--task.width: task user_tasks:Quadratic has no hyperparameter width (it has: "
+     "hidden, delta)"),
+    (["--task=user_tasks:Quadratic", "--task.hidden=many"], "--task.hidden=many"),
+    (["--task.hidden=3"], "task classification has no hyperparameter hidden"),
+    (["--task=regression", "--task.hidden=0"], "need hidden >= 1"),
+    (["--task=user_tasks:ScalarLoss"], "Task.loss must return one value per example"),
+    (["--task=regression", "--best_metric=eval/accuracy"],
+     "--best_metric=eval/accuracy: task regression reports eval/loss, eval/mae"),
+])
+def test_bad_task_input_is_one_line_and_writes_nothing(model_dir, args, fragment):
+  process = run_cli(f"--model_dir={model_dir}", *args, env=_user_env())
+  _assert_one_line_error(process, fragment)
+  assert not os.path.exists(model_dir)
+
+
+def test_a_task_instance_from_python_is_recorded_in_flags(model_dir):
+  results = trainer.train(Config(model_dir=model_dir, train_steps=4,
+                                 per_replica_batch_size=8, summaries=False),
+                          task=user_tasks.Quadratic(hidden=4))
+  assert results["status"] == "completed" and results["task"] == "user_tasks:Quadratic"
+  flags_txt = open(os.path.join(model_dir, "flags.txt")).read()
+  assert "--task.hidden=4\n" in flags_txt
+  with pytest.raises(ConfigError, match="must be an instance of a trainer.Task"):
+    trainer.train(Config(model_dir=model_dir), task=user_tasks.NotATask())
+
+
+SGD = dict(optimizer="sgd", learning_rate=0.05, train_steps=12, summaries=False,
+           task="regression")
+
+
+def _float_values(model_dir):
+  return {k: v for k, v in checkpoint_values(f"{model_dir}/checkpoints").items()
+          if v.dtype.kind == "f"}
+
+
+def test_regression_two_replicas_match_one_device(tmp_path):
+  two = trainer.train(Config(model_dir=str(tmp_path / "two"), cpu_devices=2,
+                             per_replica_batch_size=16, **SGD))
+  one = trainer.train(Config(model_dir=str(tmp_path / "one"), strategy="one_device",
+                             per_replica_batch_size=32, **SGD))
+  assert two["num_replicas"] == 2 and one["global_batch_size"] == 32
+  a, b = _float_values(tmp_path / "two"), _float_values(tmp_path / "one")
+  assert a.keys() == b.keys() and sum(k.startswith("model/") for k in a) == 6
+  for key in a:
+    np.testing.assert_allclose(a[key], b[key], atol=1e-5, err_msg=key)
+
+
+def test_regression_eval_counts_each_example_once_in_target_units(model_dir):
+  results = trainer.train(Config(model_dir=model_dir, cpu_devices=2,
+                                 per_replica_batch_size=16, mode="train_and_eval",
+                                 eval_every=10, best_metric="eval/mae",
+                                 **dict(SGD, train_steps=30, summaries=True)))
+  data = regression.load_diabetes()
+  assert results["eval"]["examples"] == len(data.y_test) == 89  # 3 batches of 32.
+  served = tf.saved_model.load(results["export_dir"])
+  predictions = served.signatures["serving_default"](
+      inputs=tf.constant(data.x_test))["predictions"].numpy()
+  target = data.y_test * data.std + data.mean
+  assert results["eval"]["mae"] == pytest.approx(
+      float(np.mean(np.abs(predictions - target))), rel=1e-4)
+  assert results["eval"]["rmse"] == pytest.approx(
+      float(np.sqrt(np.mean((predictions - target) ** 2))), rel=1e-4)
+  # --best_metric=eval/mae is minimised (regression's metric goals).
+  maes = [v for _, v in _tags(os.path.join(model_dir, "eval"))["mae"]]
+  assert len(maes) == 3
+  assert results["best_eval"]["mae"] == pytest.approx(min(maes), rel=1e-6)
+
+
+@pytest.mark.parametrize("task, extra", [
+    ("regression", []),
+    ("user_tasks:StreamQuadratic", ["--task.hidden=8"]),
+])
+def test_resume_is_bit_exact_for_other_tasks(tmp_path, task, extra):
+  # regression: 353 examples / 32 = 11 steps an epoch; the stream task repeats
+  # 300 examples through a seeded shuffle buffer. Resume at 15 is mid-epoch.
+  args = ["--deterministic", f"--task={task}", *extra, "--cpu_devices=2",
+          "--per_replica_batch_size=16", "--checkpoint_every=1000", "--optimizer=adam",
+          "--learning_rate=0.01"]
+  straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+  env = _user_env()
+  assert run_cli(f"--model_dir={straight}", "--train_steps=30", *args,
+                 env=env).returncode == 0
+  assert run_cli(f"--model_dir={split}", "--train_steps=15", *args,
+                 env=env).returncode == 0
+  resumed = run_cli(f"--model_dir={split}", "--train_steps=30", *args, env=env)
+  assert resumed.returncode == 0 and "resuming at step 15" in resumed.stdout
+  a = checkpoint_values(os.path.join(straight, "checkpoints"))
+  b = checkpoint_values(os.path.join(split, "checkpoints"))
+  assert a.keys() == b.keys()
+  for key in set(a) - {"save_counter/.ATTRIBUTES/VARIABLE_VALUE"}:
+    assert np.array_equal(a[key], b[key]), key
+
+
+def test_stream_task_counts_a_generator_split_and_exports_dict_inputs(model_dir):
+  results = trainer.train(Config(model_dir=model_dir, cpu_devices=4,
+                                 per_replica_batch_size=4, train_steps=20,
+                                 mode="train_and_eval", learning_rate=0.01,
+                                 summaries=False),
+                          task=user_tasks.StreamQuadratic(hidden=8))
+  assert results["eval"]["examples"] == 77  # 5 global batches of 16, 3 padded.
+  assert results["replica_batches"] == {f"replica_{i}": 20 for i in range(4)}
+  served = tf.saved_model.load(os.path.join(model_dir, "export"))
+  x, y = user_tasks._quadratic_arrays(77, seed=1)  # pylint: disable=protected-access
+  outputs = served.signatures["serving_default"](x=tf.constant(x))["outputs"].numpy()
+  assert results["eval"]["mae"] == pytest.approx(
+      float(np.mean(np.abs(outputs - y))), rel=1e-4)
+
+
+def test_classification_default_numbers_are_unchanged(model_dir):
+  """The quickstart's numbers from before the Task API (same seed, deterministic)."""
+  process = run_cli("--flagfile=flags/quickstart.flags", "--deterministic",
+                    f"--model_dir={model_dir}")
+  assert process.returncode == 0, process.stderr
+  results = _results(model_dir)
+  assert results["train"] == pytest.approx(
+      {"loss": 0.045057001113891604, "accuracy": 0.98890625, "step": 300}, rel=1e-6)
+  assert results["eval"] == pytest.approx(
+      {"loss": 0.29466934204101564, "accuracy": 0.9055555555555556, "examples": 360,
+       "step": 300}, rel=1e-6)
+  assert results["best_eval"]["step"] == 200
+  assert results["best_metric"] == "eval/accuracy"
+
+
+def test_progress_lines_parse_any_metric_names():
+  line = "step 40/90  loss 0.5000  mae 1.2500  top-5 0.7500  1,234 examples/s  ETA ?"
+  assert progress.parse_line(line) == {"step": 40, "train/loss": 0.5,
+                                       "train/mae": 1.25, "train/top-5": 0.75}
+  line = "eval at step 40: loss 0.2500  rmse 3.0000  (89 examples)"
+  assert progress.parse_line(line) == {"step": 40, "eval/loss": 0.25,
+                                       "eval/rmse": 3.0}
+  assert progress.parse_line("model_dir x: resuming at step 3") == {}
+
+
+def test_readme_example_task_is_the_shipped_file_and_runs(model_dir):
+  with open(os.path.join(REPO, "examples", "quadratic.py")) as f:
+    example = f.read()
+  with open(os.path.join(REPO, "README.md")) as f:
+    readme = f.read()
+  assert example[example.index("import dataclasses"):] in readme
+  process = run_cli("--task=quadratic:Quadratic", "--task.hidden=64",
+                    "--cpu_devices=2", "--mode=train_and_eval", "--learning_rate=0.01",
+                    "--train_steps=20", f"--model_dir={model_dir}",
+                    env=cli_env(PYTHONPATH=os.path.join(REPO, "examples")))
+  assert process.returncode == 0, process.stderr
+  assert _results(model_dir)["eval"]["examples"] == 1000

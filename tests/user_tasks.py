@@ -1,0 +1,89 @@
+"""Tasks a user would write, outside the trainer package: loaded by tests through
+`--task=user_tasks:NAME` (with tests/ on PYTHONPATH) or passed to trainer.train."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import trainer
+
+
+def _quadratic_arrays(n, seed):
+  x = np.random.default_rng(seed).normal(size=(n, 3)).astype("float32")
+  return x, (x ** 2).sum(axis=1, keepdims=True)
+
+
+class TwoLayer(keras.Model):
+  """A subclassed model: its weights exist only after its first call."""
+
+  def __init__(self, hidden):
+    super().__init__()
+    self.hidden = keras.layers.Dense(hidden, activation="tanh")
+    self.out = keras.layers.Dense(1)
+
+  def call(self, inputs):
+    return self.out(self.hidden(inputs))
+
+
+@dataclasses.dataclass
+class Quadratic(trainer.Task):
+  """Learns sum(x**2) with a subclassed model and a custom (Huber-like) loss."""
+
+  hidden: int = 16
+  delta: float = 1.0
+
+  layout_fields = ("hidden",)
+
+  def build_model(self):
+    return TwoLayer(self.hidden)
+
+  def train_data(self):
+    return _quadratic_arrays(512, seed=0)
+
+  def eval_data(self):
+    return _quadratic_arrays(77, seed=1)  # Not a multiple of any global batch.
+
+  def loss(self, labels, outputs):
+    error = tf.abs(outputs - labels)
+    quadratic = tf.minimum(error, self.delta)
+    return tf.reduce_mean(0.5 * quadratic ** 2 + self.delta * (error - quadratic),
+                          axis=-1)
+
+  def metrics(self, labels, outputs):
+    return {"mae": tf.reduce_mean(tf.abs(outputs - labels), axis=-1)}
+
+
+@dataclasses.dataclass
+class StreamQuadratic(Quadratic):
+  """Quadratic, its data given as unbatched tf.data.Datasets of dict features."""
+
+  def train_data(self):
+    x, y = _quadratic_arrays(300, seed=0)
+    return tf.data.Dataset.from_tensor_slices(({"x": x}, y))
+
+  def eval_data(self):
+    x, y = _quadratic_arrays(77, seed=1)
+    # A generator: the framework cannot know its length and counts it.
+    return tf.data.Dataset.from_generator(
+        lambda: iter(zip(({"x": row} for row in x), y)),
+        output_signature=({"x": tf.TensorSpec([3], tf.float32)},
+                          tf.TensorSpec([1], tf.float32)))
+
+  def build_model(self):
+    inputs = {"x": keras.Input(shape=(3,), name="x")}
+    hidden = keras.layers.Dense(self.hidden, activation="tanh")(inputs["x"])
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+@dataclasses.dataclass
+class ScalarLoss(Quadratic):
+  """A mistake: the loss is already averaged (a scalar, not per example)."""
+
+  def loss(self, labels, outputs):
+    return tf.reduce_mean(tf.square(outputs - labels))
+
+
+class NotATask:
+  pass
