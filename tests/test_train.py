@@ -161,21 +161,41 @@ def test_nan_rollback_halves_the_learning_rate(model_dir, capsys):
   assert capsys.readouterr().out.count("rolled back to step") == 3
 
 
+_HOLD_LOCK = """
+import fcntl, os, socket, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, f"{os.getpid()} {socket.gethostname()}\\n".encode())
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
 def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(model_dir):
   os.makedirs(model_dir)
   lock = os.path.join(model_dir, ".lock")
-  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, lock],
+                            stdout=subprocess.PIPE, text=True)
   try:
-    with open(lock, "w") as f:
-      f.write(f"{sleeper.pid} {os.uname().nodename}\n")
-    with pytest.raises(LockedError, match=f"in use by pid {sleeper.pid}"):
+    assert holder.stdout.readline() == "locked\n"
+    with pytest.raises(LockedError, match=f"in use by pid {holder.pid}"):
       trainer.train(Config(model_dir=model_dir, train_steps=2, **FAST))
     assert not os.path.exists(os.path.join(model_dir, "flags.txt"))
   finally:
-    sleeper.kill()
-    sleeper.wait()
+    holder.kill()  # A SIGKILL: the kernel drops its lock; the file stays.
+    holder.wait()
+  assert os.path.exists(lock)
   results = trainer.train(Config(model_dir=model_dir, train_steps=2, **FAST))
   assert results["status"] == "completed" and not os.path.exists(lock)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\xff garbage", b"123"])
+def test_an_empty_or_garbled_lock_of_a_killed_run_is_taken_over(model_dir, content):
+  os.makedirs(model_dir)
+  with open(os.path.join(model_dir, ".lock"), "wb") as f:
+    f.write(content)  # What a SIGKILL between creating and writing the file leaves.
+  results = trainer.train(Config(model_dir=model_dir, train_steps=2, **FAST))
+  assert results["status"] == "completed"
 
 
 def test_layout_change_is_refused_listing_the_flags(model_dir):

@@ -1,6 +1,7 @@
 """The model_dir on disk: claiming it (a lock), its flags record, atomic JSON files."""
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -50,16 +51,6 @@ def read_json(path: str):
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
-
-
 def ensure_writable(model_dir: str):
   """Creates model_dir if needed and checks that files can be written there.
 
@@ -76,7 +67,12 @@ def ensure_writable(model_dir: str):
 
 @contextlib.contextmanager
 def locked(model_dir: str, *, flag: str = "--model_dir"):
-  """Holds MODEL_DIR/.lock (our pid) for the duration; takes over stale locks.
+  """Holds an exclusive lock on MODEL_DIR/.lock for the duration.
+
+  The lock is an `flock` on the file, which the kernel releases when its holder
+  dies however it dies, so a lock left by a killed run (even an empty or garbled
+  file, as a SIGKILL between creating and writing it leaves) is free. The file
+  holds the holder's pid and host, for the error message only.
 
   Args:
     model_dir: the directory to claim.
@@ -86,25 +82,31 @@ def locked(model_dir: str, *, flag: str = "--model_dir"):
     LockedError: a live process holds the lock.
   """
   path = os.path.join(model_dir, LOCK_FILE)
-  for _ in range(2):  # Second try after removing a stale lock.
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      os.close(fd)
       holder = _read_lock(path)
-      if holder and holder[1] == socket.gethostname() and not _pid_alive(holder[0]):
-        os.remove(path)  # Its process is gone (killed): the lock is stale.
-        continue
       who = f"pid {holder[0]} on {holder[1]}" if holder else "another process"
       raise LockedError(f"{flag}={model_dir}: in use by {who} (lock file {path}); "
                         f"wait for it or pick another {flag}") from None
-    with os.fdopen(fd, "w") as f:
-      f.write(f"{os.getpid()} {socket.gethostname()}\n")
-    break
+    try:
+      same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+      same_file = False
+    if same_file:
+      break
+    os.close(fd)  # The holder removed the file as we opened it: lock the new one.
   try:
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
     yield
   finally:
-    if _read_lock(path) == (os.getpid(), socket.gethostname()):
-      os.remove(path)
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)  # Still holding the lock, so nobody else uses this file.
+    os.close(fd)
 
 
 def _read_lock(path):
