@@ -11,6 +11,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -40,7 +41,7 @@ def run_cli(*args, timeout=240, cwd=None, env=None):
 def checkpoint_values(checkpoint_dir):
   """{variable key: numpy value} of the latest checkpoint in a directory."""
   reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(checkpoint_dir))
-  return {name: reader.get_tensor(name)
+  return {name: np.asarray(reader.get_tensor(name))  # The run record is bytes.
           for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(
               checkpoint_dir)) if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 

@@ -181,8 +181,9 @@ class Config:
     if self.best_metric is not None and not self.best_metric.startswith("eval/"):
       raise ConfigError(f"--best_metric={self.best_metric}: must be eval/NAME, e.g. "
                         "eval/loss")
-    names = set(field_names()) | {f"task.{name}" for name, _ in self.task_params}
-    unknown = sorted(set(self.hparams) - names)
+    # task.NAME entries are checked once the task is known (setup.resolve_task).
+    unknown = sorted(n for n in set(self.hparams) - set(field_names())
+                     if not n.startswith("task."))
     if unknown:
       raise ConfigError(f"--hparams: unknown flag(s) {', '.join(unknown)}")
 
@@ -389,17 +390,17 @@ def prepare_flags(argv: Sequence[str], flag_values=None):
   from trainer import tasks  # pylint: disable=g-import-not-at-top
   flag_values = flags.FLAGS if flag_values is None else flag_values
   expanded = _expand(argv[1:], flag_values)
-  specs = [a[len("--task="):] for a in expanded if a.startswith("--task=")]
-  spec = specs[-1] if specs else Config.task
+  spec, names = Config.task, []
+  for index, arg in enumerate(expanded):
+    name, has_value, value = arg.lstrip("-").partition("=")
+    if not arg.startswith("-"):
+      continue
+    if name == "task":  # absl takes --task=X, --task X, -task=X and -task X.
+      spec = value if has_value else (expanded[index + 1:index + 2] or [""])[0]
+    elif name.startswith(("task.", "notask.")):
+      names.append(name.split(".", 1)[1])
   task_class = tasks.load_task_class(spec)
-  known = [f.name for f in tasks.hyperparameters(task_class)]
-  for arg in expanded:
-    for prefix in ("--task.", "--notask."):
-      if arg.startswith(prefix):
-        name = arg[len(prefix):].split("=", 1)[0]
-        if name not in known:
-          raise ConfigError(f"--task.{name}: task {spec} has no hyperparameter "
-                            f"{name} (it has: {', '.join(known) or 'none'})")
+  tasks.check_param_names(spec, task_class, names)
   define_task_flags(task_class, flag_values)
 
 

@@ -1,12 +1,21 @@
-"""SIGTERM/SIGINT as a request to stop after the current loop call."""
+"""SIGTERM/SIGINT as a request to stop cleanly, whenever it arrives.
+
+The CLI installs the handlers before anything else, for the life of the process,
+so a signal during set-up, training, the final evaluation or the export only sets
+the request: the run stops at the next safe point (after a loop call, or between
+those phases), saves, writes results.json with status "interrupted" and exits 4.
+Repeated signals change nothing (no KeyboardInterrupt, no exit 130).
+"""
 
 import contextlib
 import signal
 import threading
 
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
 
 class StopRequest:
-  """Set by a signal handler; read by the training loop between loop calls."""
+  """Set by a signal handler; read by the run at its safe points."""
 
   def __init__(self):
     self.signal_name = None
@@ -14,22 +23,39 @@ class StopRequest:
   def __bool__(self):
     return self.signal_name is not None
 
+  def _handle(self, signum, frame):
+    del frame
+    self.signal_name = self.signal_name or signal.Signals(signum).name
+
+
+_REQUEST = StopRequest()
+_installed_for_process = False
+
+
+def install():
+  """Makes SIGTERM and SIGINT set the process's stop request from now on."""
+  global _installed_for_process
+  if threading.current_thread() is threading.main_thread():
+    for sig in _SIGNALS:
+      signal.signal(sig, _REQUEST._handle)  # pylint: disable=protected-access
+    _installed_for_process = True
+
 
 @contextlib.contextmanager
 def stop_on_signals():
-  """Yields a StopRequest that SIGTERM and SIGINT set (in the main thread only)."""
-  request = StopRequest()
-  if threading.current_thread() is not threading.main_thread():
-    yield request
+  """Yields the process's StopRequest, its handlers installed for the duration.
+
+  Handlers that `install` set for the whole process stay after the block; a
+  Python caller's own handlers are restored (and a request made before the
+  block, under them, does not count).
+  """
+  if _installed_for_process or threading.current_thread() is not threading.main_thread():
+    yield _REQUEST
     return
-
-  def handler(signum, frame):
-    del frame
-    request.signal_name = signal.Signals(signum).name
-
-  previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+  _REQUEST.signal_name = None
+  previous = {s: signal.signal(s, _REQUEST._handle) for s in _SIGNALS}  # pylint: disable=protected-access
   try:
-    yield request
+    yield _REQUEST
   finally:
     for sig, old in previous.items():
       signal.signal(sig, old)

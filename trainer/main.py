@@ -10,6 +10,7 @@ import sys
 from absl import app, flags, logging
 
 from trainer import config as config_lib
+from trainer import interrupts
 from trainer import tf_loader
 from trainer.errors import ExitCode, TrainerError
 
@@ -49,6 +50,7 @@ def main(argv):
 
 def run():
   """Console-script entry point (`trainer ...`)."""
+  interrupts.install()  # First: a signal at any later moment is a clean stop.
   app.run(main, flags_parser=_parse_flags)
 
 

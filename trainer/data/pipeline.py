@@ -19,6 +19,7 @@ example counts exactly once on any replica count.
 """
 
 import dataclasses
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -46,8 +47,14 @@ class ArrayData:
 
 @dataclasses.dataclass(frozen=True)
 class StreamData:
-  """An unbatched tf.data.Dataset of (features, labels) elements."""
+  """An unbatched tf.data.Dataset of (features, labels) elements.
+
+  Attributes:
+    dataset: the dataset.
+    num_examples: its length, when counted (eval splits are counted once).
+  """
   dataset: tf.data.Dataset
+  num_examples: Optional[int] = None
 
   def first(self, count: int):
     for batch in self.dataset.batch(count).take(1):
@@ -55,13 +62,14 @@ class StreamData:
     raise AssertionError("as_task_data checked that the stream is not empty")
 
 
-def as_task_data(value, *, what: str):
+def as_task_data(value, *, what: str, finite: bool = False):
   """Checks a task's data and wraps it as ArrayData or StreamData.
 
   Args:
     value: `(features, labels)` arrays (or nests of arrays), or a tf.data.Dataset
       of `(features, labels)` elements.
     what: where it came from, for errors (e.g. "Task.train_data()").
+    finite: it must be finite (an eval split); a stream is counted now, once.
 
   Raises:
     DataError: naming `what` and what is wrong.
@@ -73,7 +81,15 @@ def as_task_data(value, *, what: str):
                       f"pairs, got elements {spec}")
     if not any(True for _ in value.take(1)):
       raise DataError(f"{what}: the dataset yields no elements")
-    return StreamData(value)
+    if not finite:
+      return StreamData(value)
+    cardinality = int(value.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+      raise DataError(f"{what}: the dataset is infinite; evaluation needs a finite "
+                      "split")
+    if cardinality < 0:  # Unknown: count it.
+      cardinality = int(value.reduce(np.int64(0), lambda count, _: count + 1))
+    return StreamData(value, num_examples=cardinality)
   if not (isinstance(value, (tuple, list)) and len(value) == 2):
     raise DataError(f"{what}: must return (features, labels) arrays or a "
                     f"tf.data.Dataset, got {type(value).__name__}")
@@ -180,16 +196,10 @@ def train_dataset(data, *, global_batch_size: int, seed: int, shuffle: bool,
 
 
 def count_examples(data) -> int:
-  """The number of examples (a stream of unknown length is counted once)."""
-  if isinstance(data, ArrayData):
-    return data.num_examples
-  cardinality = int(data.dataset.cardinality())
-  if cardinality >= 0:
-    return cardinality
-  if cardinality == tf.data.INFINITE_CARDINALITY:
-    raise DataError("Task.eval_data(): the dataset is infinite; evaluation needs a "
-                    "finite split")
-  return int(data.dataset.reduce(np.int64(0), lambda count, _: count + 1))
+  """The number of examples of arrays or of a counted stream."""
+  if data.num_examples is None:
+    raise ValueError("the stream was not counted: use as_task_data(..., finite=True)")
+  return data.num_examples
 
 
 def eval_dataset(data, *, global_batch_size: int, preprocess=_identity):
@@ -209,7 +219,8 @@ def eval_dataset(data, *, global_batch_size: int, preprocess=_identity):
     real = data.dataset.map(lambda f, y: (f, y, tf.constant(1.0)))
     # n + B - 1 elements batched with drop_remainder make exactly ceil(n / B)
     # batches: the last real batch is completed by weight-0 copies.
-    padding = data.dataset.take(1).map(lambda f, y: (f, y, tf.constant(0.0)))
+    # cache(): the padding element is read once, not B - 1 times from the source.
+    padding = data.dataset.take(1).cache().map(lambda f, y: (f, y, tf.constant(0.0)))
     dataset = real.concatenate(padding.repeat(global_batch_size - 1))
     dataset = dataset.batch(global_batch_size, drop_remainder=True).map(
         lambda f, y, w: (preprocess(f), y, w), num_parallel_calls=tf.data.AUTOTUNE)

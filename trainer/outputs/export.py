@@ -6,6 +6,8 @@ its `serving_outputs` after it, so a served model takes raw stored values.
 
 import tensorflow as tf
 
+from trainer.errors import TaskError
+
 
 def _named_specs(signature) -> list:
   """The signature's TensorSpecs in `tf.nest.flatten` order, each named: its own
@@ -23,6 +25,19 @@ def _paths(structure, prefix: str = "") -> list:
     return [path for index, item in enumerate(structure)
             for path in _paths(item, f"{prefix}{index}_")]
   return [prefix.rstrip("_") or "inputs"]
+
+
+def check_serving_signature(task, feature_spec):
+  """Checks early (before training) that the task's serving signature is specs.
+
+  Raises:
+    TaskError: `Task.serving_signature` returned something else.
+  """
+  signature = task.serving_signature(feature_spec)
+  leaves = tf.nest.flatten(signature)
+  if not leaves or not all(isinstance(s, tf.TensorSpec) for s in leaves):
+    raise TaskError("Task.serving_signature() must return a tf.TensorSpec or a dict "
+                    f"of them, got {signature!r}"[:300])
 
 
 def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:

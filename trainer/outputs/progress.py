@@ -15,7 +15,7 @@ import time
 _STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)  (?P<pairs>.*?)  "
                         r"[\d,]+ examples/s")
 _EVAL_LINE = re.compile(r"^eval at step (?P<step>\d+): (?P<pairs>.*?)  \(\d+ examples\)")
-_PAIR = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_.-]*) (?P<value>\S+)$")
+_PAIR = re.compile(r"^(?P<name>\S+) (?P<value>\S+)$")
 
 
 def format_metrics(metrics: dict) -> str:

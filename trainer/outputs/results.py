@@ -21,8 +21,19 @@ def seconds_since_process_start() -> float:
   return time.time() - psutil.Process().create_time()
 
 
+# Measured by an invocation; kept from results.json until this one measures them,
+# so a resume or a no-op rerun does not erase them.
+_MEASURED = ("train", "eval", "time_to_first_step_s", "steps_per_second",
+             "examples_per_second", "examples_per_second_median", "timed_loop_calls",
+             "export_dir")
+
+
 class Results:
-  """Accumulates a run's numbers; `finish` writes them (on the chief)."""
+  """Accumulates a run's numbers; `finish` writes them (on the chief).
+
+  The best evaluation lives in the run record (`state.record`), which travels with
+  the checkpoints, so it always describes the steps the run actually kept.
+  """
 
   def __init__(self, config, state, *, best_metric: str, best_goal: str):
     """Starts the record of a run.
@@ -38,7 +49,8 @@ class Results:
     self._best_name = best_metric.split("/", 1)[1]
     self._best_goal = best_goal
     self._path = os.path.join(config.model_dir, run_dir.RESULTS_FILE)
-    previous = run_dir.read_json(self._path) or {}
+    previous = run_dir.read_json(self._path)
+    self.previous = previous if isinstance(previous, dict) else {}
     self.calls = 0
     self._intervals = []  # (steps, wall seconds) of each loop call after the first.
     self._last_call_end = None
@@ -57,7 +69,7 @@ class Results:
         "task": config.task,
         "best_metric": best_metric,
         "best_goal": best_goal,
-        "best_eval": previous.get("best_eval"),
+        **{k: self.previous[k] for k in _MEASURED if k in self.previous},
     }
 
   def record_train_call(self, *, step: int, steps: int, metrics: dict):
@@ -80,18 +92,21 @@ class Results:
     """Records an evaluation; it is the best so far if --best_metric improved."""
     self.eval_step = step
     self.data["eval"] = dict(metrics, step=step)
-    best = self.data.get("best_eval")
+    record = self._state.record.data
+    best = record.get("best_eval")
     value = metrics[self._best_name]
-    if (best is None or self._best_name not in best or
+    if (not isinstance(best, dict) or
+        not isinstance(best.get(self._best_name), (int, float)) or
         (value > best[self._best_name] if self._best_goal == "max"
          else value < best[self._best_name])):
-      self.data["best_eval"] = dict(metrics, step=step)
+      record["best_eval"] = dict(metrics, step=step)
 
   def finish(self, status: str) -> dict:
     """Completes the record with `status` and writes results.json (chief only)."""
     state = self._state
     self.data["status"] = status
     self.data["global_step"] = state.step
+    self.data["best_eval"] = state.record.data.get("best_eval")
     ledger = state.train_ledger
     self.data["replica_batches"] = {
         f"replica_{i}": int(n) for i, n in enumerate(ledger.total_batches)}

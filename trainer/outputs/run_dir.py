@@ -65,6 +65,24 @@ def ensure_writable(model_dir: str):
     raise ModelDirError(f"--model_dir={model_dir}: not writable ({e.strerror})") from None
 
 
+def check_writable_target(path: str, *, flag: str):
+  """Checks that a directory can be created (or replaced) at `path`.
+
+  Raises:
+    ModelDirError: `path` is a file, or its nearest existing parent is not a
+      writable directory.
+  """
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ModelDirError(f"{flag}={path}: is a file, not a directory")
+  parent = os.path.abspath(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  target = path if os.path.isdir(path) else parent
+  if not os.path.isdir(parent) or not os.access(target, os.W_OK | os.X_OK):
+    raise ModelDirError(f"{flag}={path}: not writable ({target} does not accept new "
+                        "files)")
+
+
 @contextlib.contextmanager
 def locked(model_dir: str, *, flag: str = "--model_dir"):
   """Holds an exclusive lock on MODEL_DIR/.lock for the duration.

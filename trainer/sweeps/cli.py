@@ -14,6 +14,7 @@ from trainer import config as config_lib
 from trainer.outputs import run_dir
 from trainer.errors import ConfigError, ExitCode, TrainerError
 from trainer.sweeps import report, spec
+from trainer.tasks.base import METRIC_NAME
 from trainer.sweeps.runner import LOG_DIR, Sweep, TrialRun
 
 
@@ -81,7 +82,7 @@ def _parse(argv):
   return args
 
 
-_METRIC = re.compile(r"^((train|eval)/[A-Za-z][A-Za-z0-9_.-]*|examples_per_second)$")
+_METRIC = re.compile(rf"^((train|eval)/{METRIC_NAME.pattern[1:-1]}|examples_per_second)$")
 
 
 def _check_metric(args, base_args):

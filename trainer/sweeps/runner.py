@@ -203,11 +203,13 @@ class Sweep:
     run.returncode = run.process.returncode
     run.elapsed = time.monotonic() - run.started
     results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
-    if results:
+    if isinstance(results, dict):
       run.metrics.update(results_metrics(results))
     statuses = {0: "completed", int(ExitCode.DIVERGED): "diverged",
                 int(ExitCode.INTERRUPTED): "interrupted"}
     run.status = statuses.get(run.returncode, "failed")
+    if self._stopping and run.returncode in (-signal.SIGTERM, -signal.SIGINT):
+      run.status = "interrupted"  # Stopped by the sweep before it could save.
     if run.status != "completed":
       run.error = _last_error_line(run.log_path) or f"exit code {run.returncode}"
     self._save_record()

@@ -93,8 +93,27 @@ def param_defaults(task_class) -> dict:
 
 
 def task_params(task: Task) -> dict:
-  """{name: value} of a task instance's hyperparameters."""
-  return {f.name: getattr(task, f.name) for f in hyperparameters(type(task))}
+  """{name: value} of a task instance's hyperparameters, each of its field's type
+  (an int given for a float field is recorded as the float a flag would parse).
+
+  Raises:
+    ConfigError: a field's type is not one a flag can hold.
+  """
+  params = {}
+  for field in hyperparameters(type(task)):
+    kind, value = param_type(type(task), field.name), getattr(task, field.name)
+    params[field.name] = float(value) if kind is float and isinstance(
+        value, int) and not isinstance(value, bool) else value
+  return params
+
+
+def check_param_names(spec: str, task_class, names):
+  """Raises ConfigError for the first of `names` that is not a hyperparameter."""
+  known = [f.name for f in hyperparameters(task_class)]
+  for name in names:
+    if name not in known:
+      raise ConfigError(f"--task.{name}: task {spec} has no hyperparameter {name} "
+                        f"(it has: {', '.join(known) or 'none'})")
 
 
 def build_task(spec: str, params: dict) -> Task:
@@ -105,17 +124,13 @@ def build_task(spec: str, params: dict) -> Task:
       `__post_init__` raising ValueError or TypeError).
   """
   task_class = load_task_class(spec)
-  known = [f.name for f in hyperparameters(task_class)]
-  unknown = sorted(set(params) - set(known))
-  if unknown:
-    raise ConfigError(f"--task.{unknown[0]}: task {spec} has no hyperparameter "
-                      f"{unknown[0]} (it has: {', '.join(known) or 'none'})")
+  check_param_names(spec, task_class, params)
   try:
     return task_class(**params)
   except (ValueError, TypeError) as e:
     raise ConfigError(f"--task={spec}: {_first_line(e)}") from None
 
 
-__all__ = ["BUILTIN", "Task", "build_task", "hyperparameters", "layout_field_names",
+__all__ = ["BUILTIN", "Task", "build_task", "check_param_names", "hyperparameters", "layout_field_names",
            "load_task_class", "metric_goal", "param_defaults", "param_type",
            "task_params", "task_spec"]

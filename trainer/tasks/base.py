@@ -43,7 +43,12 @@ before TensorFlow starts.
 """
 
 import dataclasses
+import re
 from typing import ClassVar, Dict, Optional, Tuple
+
+# What a metric may be called: it is a TensorBoard tag, a results.json key and a
+# word of the progress line.
+METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 
 
 class Task:
@@ -123,6 +128,12 @@ class Task:
     """Maps stored features to model inputs (runs in the input pipeline and in the
     exported serving function). The default returns them unchanged."""
     return features
+
+  def checkpoint_items(self) -> dict:
+    """{name: tf.Variable or other trackable} of state the task keeps outside its
+    model (e.g. a step counter of a curriculum), checkpointed with the run and
+    restored on resume. Called once, after `build_model`. Default: none."""
+    return {}
 
   def build_optimizer(self):
     """Returns a Keras optimizer, or None (the default) for --optimizer."""

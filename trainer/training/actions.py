@@ -1,19 +1,27 @@
 """Small actions the controller runs after every loop call, in order.
 
+Evaluation runs before the checkpoint of the same step, so the checkpoint's run
+record holds that evaluation (a resume neither repeats nor loses it) and its
+events are flushed with the checkpoint.
+
 Each is a callable `action(call) -> outcome` on a `controller.LoopCall`: None to go
 on, `controller.ROLLED_BACK` after restoring an earlier step, or a status string
 that ends training ("interrupted").
 """
 
+import os
+
 from trainer.errors import DivergedError, ModelDirError
+from trainer.outputs import run_dir
 from trainer.outputs.progress import Progress
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries
 from trainer.training import evaluation
 from trainer.training.controller import ROLLED_BACK, LoopCall
-from trainer.training.state import RunState
+from trainer.training.state import RunState, set_learning_rate
 
 MAX_ROLLBACKS = 3
+ROLLBACKS_FILE = "rollbacks.json"
 
 
 def check_ledger(state: RunState):
@@ -29,33 +37,62 @@ def check_ledger(state: RunState):
 
 
 class NanPolicy:
-  """--on_nan: stop (DivergedError), or roll back and halve the learning rate."""
+  """--on_nan: stop (DivergedError), or roll back and halve the learning rate.
+
+  Each rollback halves the rate the previous one left (0.5, 0.25, 0.125 of the
+  flag's), at most MAX_ROLLBACKS times in the run. Both numbers live in
+  MODEL_DIR/rollbacks.json, written at each rollback, so a restart keeps them
+  (the checkpoint restored by a rollback predates it).
+  """
 
   def __init__(self, *, state: RunState, results: Results, progress: Progress):
     self._state = state
     self._results = results
     self._progress = progress
-    self.rollbacks = 0
+    self._path = os.path.join(state.config.model_dir, ROLLBACKS_FILE)
+    saved = run_dir.read_json(self._path)
+    saved = saved if isinstance(saved, dict) else {}
+    self.rollbacks = _number(saved.get("rollbacks"), int, 0)
+    self.multiplier = _number(saved.get("lr_multiplier"), float, 1.0)
+
+  def apply_learning_rate(self):
+    """Sets the optimizer's rate to the flag's times the rollbacks' multiplier."""
+    state = self._state
+    if state.base_learning_rate is not None:
+      set_learning_rate(state.optimizer, state.base_learning_rate * self.multiplier)
 
   def __call__(self, call: LoopCall):
     if call.all_finite:
       return None
     state = self._state
     if state.config.on_nan == "rollback" and self.rollbacks < MAX_ROLLBACKS:
-      self.rollbacks += 1
-      restored = state.checkpoints.restore_latest()
+      restored = state.restore_checkpoint()
       if restored is None:
         raise ModelDirError("--on_nan=rollback: no checkpoint to roll back to")
-      learning_rate = state.optimizer.learning_rate
-      learning_rate.assign(learning_rate * 0.5)
+      self.rollbacks += 1
+      self.multiplier *= 0.5
+      if state.is_chief:
+        run_dir.write_json(self._path, {"rollbacks": self.rollbacks,
+                                        "lr_multiplier": self.multiplier,
+                                        "step": restored})
+      if state.base_learning_rate is None:
+        rate = "the task's learning-rate schedule is left as it is"
+      else:
+        self.apply_learning_rate()
+        rate = (f"learning rate halved to "
+                f"{state.base_learning_rate * self.multiplier:g}")
       self._progress.say(f"non-finite loss at step {call.step}: rolled back to step "
-                         f"{restored}, learning rate halved to "
-                         f"{float(learning_rate.numpy()):g}")
+                         f"{restored} (rollback {self.rollbacks} of {MAX_ROLLBACKS}), "
+                         f"{rate}")
       return ROLLED_BACK
     self._results.finish("diverged")
     raise DivergedError(f"non-finite loss or gradients at step {call.step} (loss "
                         f"{call.metrics['loss']}); the last good checkpoint is kept. "
                         "Lower --learning_rate or use --on_nan=rollback")
+
+
+def _number(value, kind, default):
+  return kind(value) if isinstance(value, (int, float)) and value >= 0 else default
 
 
 def record(state: RunState, results: Results, summaries: Summaries,
@@ -84,7 +121,7 @@ def checkpoint(state: RunState, summaries: Summaries):
 
   def action(call: LoopCall):
     if call.step % config.checkpoint_every == 0 or call.step >= config.train_steps:
-      state.checkpoints.save()
+      state.save_checkpoint()
       summaries.flush()  # Events on disk reach at least the checkpoint's step.
 
   return action
@@ -121,7 +158,7 @@ def stop_vote(state: RunState, stop_request, progress: Progress):
 
   def action(call: LoopCall):
     if state.stop_vote(bool(stop_request)):
-      state.checkpoints.save()
+      state.save_checkpoint()
       progress.say(f"{stop_request.signal_name or 'a stop request'}: saved a "
                    f"checkpoint at step {call.step}; rerun the same command to resume")
       return "interrupted"

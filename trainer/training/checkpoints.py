@@ -1,23 +1,36 @@
-"""Checkpoints that hold everything a bit-exact resume needs, restored with fallback.
+"""Checkpoints that hold everything a bit-exact resume needs, found on disk.
 
 A checkpoint holds every model variable (trainable or not), the optimizer (slots,
-iterations, learning rate), the global step and the state of every Keras
-SeedGenerator (dropout masks). Model variables and seed generators are listed
-explicitly by path: `tf.train.Checkpoint(model=keras_model)` tracks neither in
-Keras 3 (weights were reachable only through the optimizer, non-trainable ones not
-at all). The input needs no
-state: its order is a function of (seed, step).
+iterations, learning rate), the global step, the state of every Keras
+SeedGenerator (dropout masks) and the run's own record (see state.py). Model
+variables and seed generators are listed explicitly by position:
+`tf.train.Checkpoint(model=keras_model)` tracks neither in Keras 3.
+
+The checkpoint files are the truth: `ckpt-N.index` files on disk are what exists,
+whatever the `checkpoint` index file says (a missing or garbled index is rebuilt
+from them). A checkpoint that cannot be read at all is renamed `unreadable-*` and
+the previous one is used; one that reads but does not fit the model being built
+is a mismatch (ModelDirError, exit 2) and nothing is renamed. An evaluator opens
+a run read-only: it never renames or rewrites anything, and retries when a
+checkpoint is rotated away between listing and reading.
 """
 
 import os
+import re
 import shutil
-import tempfile
+import time
 
 import tensorflow as tf
-from absl import logging
+
+from trainer.errors import ModelDirError
 
 CHECKPOINT_SUBDIR = "checkpoints"
 QUARANTINE_PREFIX = "unreadable-"
+_PREFIX = "ckpt"
+_INDEX = re.compile(rf"^{_PREFIX}-(\d+)\.index$")
+_TEMP = re.compile(rf"^{_PREFIX}-\d+_temp$")  # A save that a kill interrupted.
+_VANISHED_RETRIES = 5
+_MODEL_KEY = re.compile(r"^model/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE$")
 
 
 # Both lists are keyed by position, not by Keras' auto-generated names ("dense_3"),
@@ -34,88 +47,200 @@ def model_variables(model) -> list:
   return list(model.weights)
 
 
+def checkpoint_steps(directory: str) -> list:
+  """The steps of the checkpoints on disk (those with an index file), ascending."""
+  try:
+    names = os.listdir(directory)
+  except FileNotFoundError:
+    return []
+  return sorted(int(m[1]) for m in map(_INDEX.match, names) if m)
+
+
 class Checkpoints:
   """Saves and restores a run's state under MODEL_DIR/checkpoints.
 
   Non-chief workers of a multi-worker run must save too (the save is collective)
-  but into a temporary directory that `close()` removes; they restore from the
-  chief's directory, which the cluster shares.
+  but into a scratch directory of their own, which they remove at start (what a
+  killed run left) and at `close()`; they restore from the chief's directory.
   """
 
   def __init__(self, *, model_dir: str, model, optimizer, global_step, keep: int,
-               is_chief: bool = True):
+               extra: dict = None, scratch: str = None, read_only: bool = False):
+    """Creates the checkpoint of a run's state (nothing is read or written yet).
+
+    Args:
+      model_dir: the run directory.
+      model: the Keras model.
+      optimizer: its optimizer (built).
+      global_step: the int64 step variable.
+      keep: checkpoints to keep (older ones are deleted after a save).
+      extra: more {name: trackable} to checkpoint (the run's record).
+      scratch: where a non-chief worker saves; None on the chief.
+      read_only: open another process's run: never rename, rewrite or save.
+    """
     self.directory = os.path.join(model_dir, CHECKPOINT_SUBDIR)
+    self._model = model
     self.checkpoint = tf.train.Checkpoint(model=model_variables(model),
                                           optimizer=optimizer,
                                           global_step=global_step,
-                                          rng=rng_states(model))
+                                          rng=rng_states(model), **(extra or {}))
     self._global_step = global_step
     self._keep = keep
-    self._scratch = None if is_chief else tempfile.mkdtemp(prefix="trainer-worker-")
+    self._scratch = scratch
+    self._read_only = read_only
     self._manager = None
+    self._written = set()  # Steps saved by this invocation.
 
   @property
   def manager(self) -> tf.train.CheckpointManager:
     if self._manager is None:
       self._manager = tf.train.CheckpointManager(
-          self.checkpoint, self._scratch or self.directory, max_to_keep=self._keep)
+          self.checkpoint, self._scratch or self.directory, max_to_keep=self._keep,
+          checkpoint_name=_PREFIX)
     return self._manager
 
   def exists(self) -> bool:
-    return bool(tf.train.get_checkpoint_state(self.directory))
+    return bool(checkpoint_steps(self.directory))
+
+  def clean_leftovers(self):
+    """Removes what a killed save left: `ckpt-N_temp/` (chief) or the scratch."""
+    if self._read_only:
+      return
+    if self._scratch:
+      shutil.rmtree(self._scratch, ignore_errors=True)
+      return
+    if os.path.isdir(self.directory):
+      for name in os.listdir(self.directory):
+        if _TEMP.match(name):
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+
+  def _path(self, step: int) -> str:
+    return os.path.join(self.directory, f"{_PREFIX}-{step}")
+
+  def check_fits(self, path: str):
+    """Raises ModelDirError unless the checkpoint's model weights fit the model.
+
+    Reads only the checkpoint's index. Raises tf.errors.OpError if it cannot.
+    """
+    shapes = {}
+    for key, shape in tf.train.list_variables(path):
+      match = _MODEL_KEY.match(key)
+      if match:
+        shapes[int(match[1])] = tuple(shape)
+    weights = model_variables(self._model)
+    problems = []
+    if len(shapes) != len(weights):
+      problems.append(f"it has {len(shapes)} model weights, the model being built "
+                      f"has {len(weights)}")
+    for index, weight in enumerate(weights):
+      if index in shapes and shapes[index] != tuple(weight.shape):
+        problems.append(f"weight {index} ({weight.path}) is {shapes[index]} there, "
+                        f"{tuple(weight.shape)} here")
+        break
+    if problems:
+      raise ModelDirError(
+          f"checkpoint {path} does not fit the model being built: "
+          f"{'; '.join(problems)}. The run was made with other flags or data; use "
+          "those, or a new --model_dir")
 
   def restore_latest(self):
-    """Restores the newest readable checkpoint.
-
-    An unreadable one (truncated, corrupted) is reported, renamed out of the way
-    (never deleted) and the previous one is tried.
+    """Restores the newest readable checkpoint on disk.
 
     Returns:
-      The restored global step, or None if there was no checkpoint.
+      The restored global step, or None if there was no readable checkpoint.
+
+    Raises:
+      ModelDirError: the newest readable checkpoint does not fit the model.
     """
-    state = tf.train.get_checkpoint_state(self.directory)
-    if not state:
-      return None
-    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    for index in range(len(paths) - 1, -1, -1):
-      path = paths[index]
+    for _ in range(_VANISHED_RETRIES):
       try:
-        self.checkpoint.restore(path).assert_existing_objects_matched()
-      except (tf.errors.OpError, ValueError, AssertionError, IndexError) as e:
-        # IndexError: a truncated data file ("Read less bytes than requested").
-        logging.warning("checkpoint %s is unreadable (%s); trying the previous one",
-                        path, type(e).__name__)
-        print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}); "
-              "falling back to the previous one", flush=True)
-        if self._scratch is None:
-          self._quarantine(path, paths[:index])
+        return self._restore_newest()
+      except _Vanished:
+        time.sleep(0.1)  # Rotated away by a live run: list again.
+    raise ModelDirError(f"{self.directory}: checkpoints keep vanishing while being "
+                        "read; is another process deleting them?")
+
+  def _restore_newest(self):
+    steps = checkpoint_steps(self.directory)
+    for index in range(len(steps) - 1, -1, -1):
+      path = self._path(steps[index])
+      try:
+        self.check_fits(path)
+        status = self.checkpoint.restore(path)
+        status.assert_existing_objects_matched()
+      except tf.errors.NotFoundError:
+        if not os.path.exists(path + ".index"):
+          raise _Vanished() from None
+        self._unreadable(path, "NotFoundError")  # Its data file is missing.
         continue
+      except AssertionError as e:
+        raise ModelDirError(f"checkpoint {path} does not fit the model being built "
+                            f"({str(e).splitlines()[0][:200]}). The run was made "
+                            "with other flags; use those, or a new --model_dir"
+                            ) from None
+      except (tf.errors.OpError, ValueError, IndexError) as e:
+        # IndexError: a truncated data file ("Read less bytes than requested").
+        self._unreadable(path, type(e).__name__)
+        continue
+      self._write_index()
       return int(self._global_step.numpy())
-    print("warning: no readable checkpoint; starting from step 0", flush=True)
+    if steps:
+      print("warning: no readable checkpoint; starting from step 0", flush=True)
+    self._write_index()
     return None
 
-  def _quarantine(self, bad_path, good_paths):
-    """Renames a bad checkpoint's files aside and drops it from the state file."""
+  def _unreadable(self, path: str, why: str):
+    print(f"warning: checkpoint {path} is unreadable ({why}); falling back to the "
+          "previous one", flush=True)
+    if self._read_only or self._scratch:
+      return
+    prefix = os.path.basename(path) + "."
     for name in os.listdir(self.directory):
-      if name.startswith(os.path.basename(bad_path) + "."):
+      if name.startswith(prefix):
         os.replace(os.path.join(self.directory, name),
                    os.path.join(self.directory, QUARANTINE_PREFIX + name))
-    if good_paths:
-      tf.compat.v1.train.update_checkpoint_state(
-          self.directory, good_paths[-1], all_model_checkpoint_paths=good_paths)
-    else:
-      os.replace(os.path.join(self.directory, "checkpoint"),
-                 os.path.join(self.directory, QUARANTINE_PREFIX + "checkpoint"))
-    self._manager = None  # Re-read the state file on the next save.
+
+  def _write_index(self):
+    """Makes the `checkpoint` index file list what is on disk (chief only)."""
+    self._manager = None  # Re-read the index on the next save.
+    if self._read_only or self._scratch:
+      return
+    steps = checkpoint_steps(self.directory)
+    index = os.path.join(self.directory, "checkpoint")
+    if not steps:
+      if os.path.exists(index):
+        os.replace(index, os.path.join(self.directory, QUARANTINE_PREFIX +
+                                       "checkpoint"))
+      return
+    paths = [self._path(step) for step in steps]
+    tf.compat.v1.train.update_checkpoint_state(
+        self.directory, paths[-1], all_model_checkpoint_paths=paths)
 
   def save(self) -> str:
-    """Saves at the current global step and returns the checkpoint path."""
+    """Saves at the current global step and returns the checkpoint path.
+
+    Raises:
+      ModelDirError: a checkpoint of this step exists that this invocation did
+        not write (it is never overwritten).
+    """
+    if self._read_only:
+      raise ModelDirError(f"{self.directory}: opened read-only; not saving")
     step = int(self._global_step.numpy())
-    if self.manager.latest_checkpoint and self.manager.latest_checkpoint.endswith(
-        f"-{step}"):
-      return self.manager.latest_checkpoint
-    return self.manager.save(checkpoint_number=step)
+    if step in self._written:
+      return self._path(step)
+    if not self._scratch and step in checkpoint_steps(self.directory):
+      if self.manager.latest_checkpoint == self._path(step):
+        return self._path(step)  # The one this run resumed from.
+      raise ModelDirError(f"{self._path(step)} exists and was not written by this "
+                          "run; refusing to overwrite it")
+    path = self.manager.save(checkpoint_number=step)
+    self._written.add(step)
+    return path
 
   def close(self):
     if self._scratch:
       shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+class _Vanished(Exception):
+  """A checkpoint listed a moment ago is gone (rotated by its live run)."""

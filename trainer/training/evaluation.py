@@ -11,7 +11,7 @@ from trainer.outputs import run_dir
 from trainer.outputs.progress import format_metrics
 from trainer.outputs.summaries import Summaries
 from trainer.tasks import Task
-from trainer.training.setup import setup
+from trainer.training.setup import resolve_task, setup
 from trainer.training.state import RunState, build_state
 from trainer.training.steps import call_checked
 
@@ -66,15 +66,19 @@ def evaluate_checkpoint(config: config_lib.Config, task: Task = None) -> dict:
   if not os.path.isfile(flags_path):
     raise ModelDirError(f"--model_dir={config.model_dir}: no {run_dir.FLAGS_FILE}, "
                         "not a trainer run")
+  run_dir.check_writable_target(config.model_dir, flag="--model_dir")
   saved = config_lib.load_flagfile(flags_path)
   config = saved.replace(mode="eval", model_dir=config.model_dir,
                          **{name: getattr(config, name) for name in _DEVICE_FIELDS})
   if task is None:
     task = tasks.build_task(config.task, config.task_kwargs)
+  else:
+    config, task = resolve_task(config, task)
   found = setup(config, task)
   state = build_state(config, task, found.strategy, train_data=found.train_data,
-                      eval_data=found.eval_data, is_chief=found.is_chief)
-  step = state.checkpoints.restore_latest()
+                      eval_data=found.eval_data, is_chief=found.is_chief,
+                      read_only=True)
+  step = state.restore_checkpoint()
   if step is None:
     raise ModelDirError(f"--model_dir={config.model_dir}: no checkpoint to evaluate")
   metrics = evaluate_once(state)

@@ -11,10 +11,12 @@ import os
 
 from trainer import data, tasks
 from trainer.config import Config
-from trainer.errors import ConfigError
+import tensorflow as tf
+
+from trainer.errors import ConfigError, TaskError
 from trainer.interrupts import stop_on_signals
 from trainer.outputs import run_dir
-from trainer.outputs.export import export_saved_model
+from trainer.outputs.export import check_serving_signature, export_saved_model
 from trainer.outputs.progress import Progress
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries, markdown_flags
@@ -22,7 +24,7 @@ from trainer.tasks import Task
 from trainer.training import actions
 from trainer.training.controller import Controller
 from trainer.training.evaluation import evaluate_checkpoint
-from trainer.training.setup import setup
+from trainer.training.setup import resolve_task, setup
 from trainer.training.state import RunState, build_state
 
 
@@ -36,27 +38,12 @@ def run(config: Config, task: Task = None) -> dict:
   Raises:
     TrainerError: bad input, a locked model_dir, divergence or a ledger mismatch.
   """
-  config, task = resolve_task(config, task)
   if config.mode == "eval":
+    # The run's own task and hyperparameters come from its flags.txt; a task
+    # instance given here replaces them (a Python caller's unimportable class).
     return evaluate_checkpoint(config, task)
+  config, task = resolve_task(config, task)
   return train(config, task)
-
-
-def resolve_task(config: Config, task: Task = None) -> tuple:
-  """(config, task) that agree: the task built from the config, or the config
-  recording a given task's name and hyperparameters (so flags.txt holds them).
-
-  Raises:
-    ConfigError: the task cannot be built, or is not a trainer.Task.
-  """
-  if task is None:
-    return config, tasks.build_task(config.task, config.task_kwargs)
-  if not isinstance(task, Task):
-    raise ConfigError(f"task={task!r}: must be an instance of a trainer.Task subclass")
-  for field in tasks.hyperparameters(type(task)):
-    tasks.param_type(type(task), field.name)
-  return config.replace(task=tasks.task_spec(type(task)),
-                        task_params=tuple(tasks.task_params(task).items())), task
 
 
 def best_metric(config: Config, task: Task, metric_names) -> tuple:
@@ -66,7 +53,7 @@ def best_metric(config: Config, task: Task, metric_names) -> tuple:
     ConfigError: --best_metric names a metric the task does not have.
   """
   metric = config.best_metric or type(task).best_metric
-  available = ["loss", *metric_names]
+  available = list(metric_names)
   if metric.split("/", 1)[-1] not in available:
     raise ConfigError(f"--best_metric={metric}: task {config.task} reports "
                       f"{', '.join('eval/' + n for n in available)}")
@@ -76,37 +63,67 @@ def best_metric(config: Config, task: Task, metric_names) -> tuple:
 def train(config: Config, task: Task) -> dict:
   """Trains (and with train_and_eval, evaluates) as the config says."""
   config = config.with_model_dir()
-  found = setup(config, task)
-  state = build_state(config, task, found.strategy, train_data=found.train_data,
-                      eval_data=found.eval_data, is_chief=found.is_chief)
-  best = best_metric(config, task, state.metric_names)
-  if not found.is_chief:
-    return _train_in_dir(state, best)
-  run_dir.ensure_writable(config.model_dir)
-  with run_dir.locked(config.model_dir):
-    return _train_in_dir(state, best)
+  with stop_on_signals() as stop_request:
+    found = setup(config, task)
+    state = build_state(config, task, found.strategy, train_data=found.train_data,
+                        eval_data=found.eval_data, is_chief=found.is_chief)
+    best = best_metric(config, task, state.reported_metrics)
+    export_dir = config.export_dir or os.path.join(config.model_dir, "export")
+    if found.is_chief:
+      check_serving_signature(task, data.feature_spec(state.train_data))
+      run_dir.ensure_writable(config.model_dir)
+      run_dir.check_writable_target(export_dir, flag="--export_dir")
+    else:
+      return _train_in_dir(state, best, stop_request, export_dir)
+    with run_dir.locked(config.model_dir):
+      return _train_in_dir(state, best, stop_request, export_dir)
 
 
-def _start_line(state: RunState, restored) -> str:
+def _finished_before(state: RunState, results: Results, restored) -> bool:
+  """Whether an earlier invocation completed this run (a rerun changes nothing)."""
+  previous = results.previous
+  return (restored is not None and state.step >= state.config.train_steps and
+          previous.get("status") == "completed" and
+          previous.get("global_step") == state.step and
+          os.path.isdir(previous.get("export_dir") or ""))
+
+
+def _start_line(state: RunState, restored, nan_policy) -> str:
   config = state.config
-  return (f"model_dir {config.model_dir}: task {config.task}, "
+  line = (f"model_dir {config.model_dir}: task {config.task}, "
           + (f"resuming at step {restored}" if restored is not None
              else "starting at step 0")
           + f", {state.num_replicas} replica(s) x {config.per_replica_batch_size} "
           f"examples = global batch {state.global_batch_size}")
+  rate = state.base_learning_rate
+  was = state.record.data.get("base_learning_rate")
+  if restored is not None and rate is not None and was is not None and was != rate:
+    line += f", learning rate {rate:g} (was {was:g})"
+  if nan_policy.multiplier != 1.0 and rate is not None:
+    line += (f", learning rate x{nan_policy.multiplier:g} after "
+             f"{nan_policy.rollbacks} rollback(s)")
+  return line
 
 
-def _train_in_dir(state: RunState, best) -> dict:
+def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
   config, task, is_chief = state.config, state.task, state.is_chief
   if state.checkpoints.exists():
     run_dir.check_layout(config.model_dir, config,
                          tasks.layout_field_names(type(task)))
+  state.checkpoints.clean_leftovers()
   results = Results(config, state, best_metric=best[0], best_goal=best[1])
   summaries = Summaries(config.model_dir, enabled=is_chief and config.summaries)
   progress = Progress(total_steps=config.train_steps,
                       enabled=is_chief and config.summaries, speak=is_chief)
-  restored = state.checkpoints.restore_latest()
-  progress.say(_start_line(state, restored))
+  restored = state.restore_checkpoint()
+  if _finished_before(state, results, restored):
+    progress.say(f"model_dir {config.model_dir}: already completed at step "
+                 f"{state.step} >= --train_steps={config.train_steps}; nothing to "
+                 "train, nothing changed")
+    return results.previous
+  nan_policy = actions.NanPolicy(state=state, results=results, progress=progress)
+  nan_policy.apply_learning_rate()
+  progress.say(_start_line(state, restored, nan_policy))
   if config.strategy == "multi_worker" and config.cpu_devices > 1 and not any(
       "GPU" in d.upper() for d in state.strategy.extended.worker_devices):
     progress.say(f"note: --cpu_devices={config.cpu_devices} is ignored with "
@@ -116,33 +133,63 @@ def _train_in_dir(state: RunState, best) -> dict:
   summaries.text("train", state.step, "flags", markdown_flags(config.to_flags()))
   summaries.hparams({name: config.value(name) for name in config.hparams})
   if restored is None:
-    state.checkpoints.save()  # A rollback target and an eval-able step 0.
+    state.save_checkpoint()  # A rollback target and an eval-able step 0.
   evaluator = actions.Evaluator(state=state, results=results, summaries=summaries,
                                 progress=progress)
+
+  def stopping(during: str) -> bool:
+    """A signal came (before or) during `during`: every worker agrees to stop."""
+    if not state.stop_vote(bool(stop_request)):
+      return False
+    progress.say(f"{stop_request.signal_name or 'a stop request'} {during}: the "
+                 f"checkpoint of step {state.step} is kept; rerun the same command "
+                 "to finish")
+    return True
+
   try:
-    with stop_on_signals() as stop_request:
-      if state.step >= config.train_steps:
-        progress.say(f"already at step {state.step} >= --train_steps="
-                     f"{config.train_steps}; nothing to train")
-        status = "completed"
-      else:
-        status = Controller(state=state, actions=[
-            actions.check_ledger(state),
-            actions.NanPolicy(state=state, results=results, progress=progress),
-            actions.record(state, results, summaries, progress),
-            actions.checkpoint(state, summaries),
-            evaluator,
-            actions.stop_vote(state, stop_request, progress),
-        ]).train()
-    if status == "completed":
-      if config.mode == "train_and_eval" and results.eval_step != state.step:
-        evaluator.evaluate()
-      if is_chief:
-        export_dir = config.export_dir or os.path.join(config.model_dir, "export")
-        export_saved_model(state.model, task, export_dir,
-                           feature_spec=data.feature_spec(state.train_data))
-        results.data["export_dir"] = export_dir
-    return results.finish(status)
+    if stopping("during set-up"):
+      return results.finish("interrupted")
+    if state.step >= config.train_steps:
+      progress.say(f"already at step {state.step} >= --train_steps="
+                   f"{config.train_steps}; nothing to train")
+      status = "completed"
+    else:
+      status = Controller(state=state, actions=[
+          actions.check_ledger(state),
+          nan_policy,
+          actions.record(state, results, summaries, progress),
+          evaluator,
+          actions.checkpoint(state, summaries),
+          actions.stop_vote(state, stop_request, progress),
+      ]).train()
+    if status != "completed":
+      return results.finish(status)
+    if config.mode == "train_and_eval" and results.eval_step != state.step:
+      evaluator.evaluate()
+      if stopping("during the final evaluation"):
+        return results.finish("interrupted")
+    if is_chief:
+      _export(state, results, export_dir)
+      if stop_request:
+        progress.say(f"{stop_request.signal_name} during the export: rerun the same "
+                     "command to finish")
+        return results.finish("interrupted")
+    return results.finish("completed")
   finally:
     summaries.close()
     state.checkpoints.close()
+
+
+def _export(state: RunState, results: Results, export_dir: str):
+  """Exports the model; a failure of the task's serving code is one line (exit 2)
+  and leaves the trained run completed but unexported, for a rerun to export."""
+  try:
+    export_saved_model(state.model, state.task, export_dir,
+                       feature_spec=data.feature_spec(state.train_data))
+  except (ValueError, TypeError, tf.errors.OpError) as e:
+    results.finish("unexported")
+    raise TaskError(f"export to {export_dir} failed ({type(e).__name__}: "
+                    f"{(str(e).splitlines() or [''])[0][:300]}); training finished "
+                    "and its checkpoint is kept: fix the task's serving methods and "
+                    "rerun to export") from None
+  results.data["export_dir"] = export_dir

@@ -6,7 +6,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from trainer import data
+from trainer import data, tasks
 from trainer.config import Config
 from trainer.distribute import devices
 from trainer.errors import ConfigError, DataError
@@ -47,7 +47,7 @@ def setup(config: Config, task: Task) -> Setup:
   train_data = data.as_task_data(task.train_data(), what="Task.train_data()")
   eval_value = task.eval_data()
   eval_data = (None if eval_value is None else
-               data.as_task_data(eval_value, what="Task.eval_data()"))
+               data.as_task_data(eval_value, what="Task.eval_data()", finite=True))
   if eval_data is None and config.mode != "train":
     raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
                       "(Task.eval_data() returned None); use --mode=train")
@@ -61,3 +61,25 @@ def setup(config: Config, task: Task) -> Setup:
                       f"{config.per_replica_batch_size} x "
                       f"{strategy.num_replicas_in_sync} replicas)")
   return result
+
+
+def resolve_task(config: Config, task: Task = None) -> tuple:
+  """(config, task) that agree: the task built from the config, or the config
+  recording a given task's name and hyperparameters (so flags.txt holds them).
+
+  Raises:
+    ConfigError: the task cannot be built, or is not a trainer.Task.
+  """
+  if task is None:
+    task = tasks.build_task(config.task, config.task_kwargs)
+  elif not isinstance(task, Task):
+    raise ConfigError(f"task={task!r}: must be an instance of a trainer.Task subclass")
+  else:
+    config = config.replace(task=tasks.task_spec(type(task)),
+                            task_params=tuple(tasks.task_params(task).items()))
+  unknown = sorted(name for name in config.hparams if name.startswith("task.") and
+                   name[len("task."):] not in config.task_kwargs)
+  if unknown:
+    raise ConfigError(f"--hparams: task {config.task} has no hyperparameter "
+                      f"{unknown[0][len('task.'):]}")
+  return config, task

@@ -1,7 +1,10 @@
 """Everything a run builds before its first step, created under the strategy."""
 
 import dataclasses
-import re
+import json
+import os
+
+import numpy as np
 
 import keras
 import tensorflow as tf
@@ -9,12 +12,34 @@ import tensorflow as tf
 from trainer.config import Config
 from trainer.errors import TaskError
 from trainer.tasks import Task
+from trainer.tasks.base import METRIC_NAME
 from trainer.training import ledger, steps
-from trainer.training.checkpoints import Checkpoints
+from trainer.training.checkpoints import CHECKPOINT_SUBDIR, Checkpoints
 from trainer.training.optimizers import build_optimizer
 
-_METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 _RESERVED = ("loss", "examples")
+
+
+class RunRecord:
+  """The run's own numbers that a checkpoint must carry so a resume continues the
+  run rather than starting a new record: the ledger's totals, the best evaluation
+  and the learning rate the run was started with. JSON in a string variable.
+  """
+
+  def __init__(self):
+    # Outside any strategy scope: a string variable cannot be mirrored to a GPU.
+    self.variable = tf.Variable("{}", dtype=tf.string, trainable=False,
+                                name="run_record")
+    self.data = {}
+
+  def load(self):
+    try:
+      self.data = json.loads(self.variable.numpy().decode() or "{}")
+    except ValueError:
+      self.data = {}
+
+  def store(self):
+    self.variable.assign(json.dumps(self.data, sort_keys=True))
 
 
 @dataclasses.dataclass
@@ -30,7 +55,10 @@ class RunState:
   optimizer: keras.optimizers.Optimizer
   global_step: tf.Variable
   metric_names: tuple  # The task's metrics, in the order it returns them.
+  reported_metrics: tuple  # "loss" and what Task.finalize_metrics reports.
   checkpoints: Checkpoints
+  record: RunRecord
+  base_learning_rate: float  # The optimizer's rate as built (from the flags).
   train_ledger: ledger.ReplicaLedger
   eval_ledger: ledger.ReplicaLedger
   train_totals: ledger.Totals
@@ -51,38 +79,81 @@ class RunState:
   def step(self) -> int:
     return int(self.global_step.numpy())
 
+  def save_checkpoint(self) -> str:
+    """Saves model, optimizer, step, RNGs and the run record at this step."""
+    self.record.data["ledger_batches"] = self.train_ledger.total_batches.tolist()
+    self.record.data["ledger_examples"] = self.train_ledger.total_examples.tolist()
+    self.record.data["base_learning_rate"] = self.base_learning_rate
+    self.record.store()
+    return self.checkpoints.save()
+
+  def restore_checkpoint(self):
+    """Restores the newest readable checkpoint and its run record.
+
+    Returns:
+      The restored step, or None if there was none.
+    """
+    step = self.checkpoints.restore_latest()
+    if step is None:
+      self.record.data.clear()
+    else:
+      self.record.load()
+    for name in ("batches", "examples"):
+      totals = self.record.data.get(f"ledger_{name}")
+      if totals is not None and len(totals) == self.num_replicas:
+        setattr(self.train_ledger, f"total_{name}", np.array(totals, np.int64))
+      else:
+        setattr(self.train_ledger, f"total_{name}",
+                np.zeros(self.num_replicas, np.int64))
+    return step
+
 
 def _probe(task: Task, model, train_data, size: int) -> tuple:
   """Calls the model on a few training examples (building a subclassed model's
   weights) and checks the task's loss and metrics on them.
 
   Returns:
-    The metric names, in the task's order.
+    (the metric names the task computes, the names it reports after
+    `finalize_metrics`, "loss" included).
 
   Raises:
-    TaskError: the loss or a metric is not one value per example, or a metric
-      name cannot be a tag.
+    TaskError: the loss or a metric is not one value per example, metrics() is
+      not a dict, or a metric name cannot be a tag.
   """
   features, labels = train_data.first(size)
-  outputs = model(task.preprocess(features), training=False)
+  outputs = steps.float32_outputs(model(task.preprocess(features), training=False))
   batch = int(tf.shape(tf.nest.flatten(features)[0])[0])
-  named = {"loss": task.loss(labels, outputs), **task.metrics(labels, outputs)}
-  for name, values in named.items():
+  metrics = task.metrics(labels, outputs)
+  if not isinstance(metrics, dict):
+    raise TaskError(f"Task.metrics() must return a dict of per-example values, got "
+                    f"{type(metrics).__name__}")
+  for name in metrics:
+    if not isinstance(name, str) or name in _RESERVED or not METRIC_NAME.match(name):
+      raise TaskError(f"Task.metrics(): {name!r} cannot be a metric name (use "
+                      "letters, digits, _ . -; not loss or examples)")
+  for name, values in {"loss": task.loss(labels, outputs), **metrics}.items():
     shape = tuple(tf.convert_to_tensor(values).shape)
     if shape != (batch,):
       what = "Task.loss" if name == "loss" else f"Task.metrics()[{name!r}]"
       raise TaskError(f"{what} must return one value per example, shape ({batch},) "
                       f"for a batch of {batch}, got shape {shape}")
-  metric_names = tuple(named)[1:]
-  for name in metric_names:
-    if name in _RESERVED or not _METRIC_NAME.match(name):
-      raise TaskError(f"Task.metrics(): {name!r} cannot be a metric name (use "
-                      "letters, digits, _ . -; not loss or examples)")
-  return metric_names
+  reported = task.finalize_metrics({"loss": 1.0, **{name: 1.0 for name in metrics}})
+  return tuple(metrics), tuple(reported)
+
+
+def _scratch_dir(config: Config, strategy, is_chief: bool):
+  """Where a non-chief worker saves its (collective) checkpoints: under the run's
+  checkpoints, so a killed worker's leftovers are found and removed next time."""
+  if is_chief:
+    return None
+  resolver = strategy.cluster_resolver
+  return os.path.join(config.model_dir, CHECKPOINT_SUBDIR,
+                      f".{resolver.task_type}-{resolver.task_id}")
 
 
 def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
-                train_data, eval_data, is_chief: bool) -> RunState:
+                train_data, eval_data, is_chief: bool,
+                read_only: bool = False) -> RunState:
   """Builds model, optimizer (built in scope, before any step), step and loops.
 
   Args:
@@ -92,6 +163,7 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
     train_data: the task's checked training data.
     eval_data: the task's checked eval data, or None.
     is_chief: whether this process writes the real checkpoints.
+    read_only: open another process's run (evaluation): never write into it.
 
   Returns:
     A RunState, with nothing restored yet.
@@ -107,8 +179,9 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
       if not isinstance(model, keras.Model):
         raise TaskError(f"Task.build_model() must return a keras.Model, got "
                         f"{type(model).__name__}")
-      metric_names = _probe(task, model, train_data, min(
+      metric_names, reported_metrics = _probe(task, model, train_data, min(
           config.per_replica_batch_size, 8))
+      task_items = task.checkpoint_items()
       optimizer = build_optimizer(config, task)
       optimizer.build(model.trainable_variables)
       # Its own variable, not optimizer.iterations: loss scaling skips updates.
@@ -120,9 +193,14 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
       eval_totals = ledger.Totals("loss", "examples", *metric_names)
   finally:
     keras.mixed_precision.set_global_policy(previous_policy)
+  record = RunRecord()
   checkpoints = Checkpoints(model_dir=config.model_dir, model=model,
                             optimizer=optimizer, global_step=global_step,
-                            keep=config.keep_checkpoints, is_chief=is_chief)
+                            keep=config.keep_checkpoints,
+                            extra={"record": record.variable,
+                                   **{f"task_{k}": v for k, v in task_items.items()}},
+                            scratch=_scratch_dir(config, strategy, is_chief),
+                            read_only=read_only)
   train_loop = steps.make_train_loop(
       strategy=strategy, task=task, model=model, optimizer=optimizer,
       global_step=global_step, ledger=train_ledger, totals=train_totals,
@@ -135,8 +213,32 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
   return RunState(config=config, task=task, strategy=strategy, train_data=train_data,
                   eval_data=eval_data, is_chief=is_chief, model=model,
                   optimizer=optimizer, global_step=global_step,
-                  metric_names=metric_names, checkpoints=checkpoints,
+                  metric_names=metric_names, reported_metrics=reported_metrics,
+                  checkpoints=checkpoints, record=record,
+                  base_learning_rate=_learning_rate(optimizer),
                   train_ledger=train_ledger, eval_ledger=eval_ledger,
                   train_totals=train_totals, eval_totals=eval_totals,
                   train_loop=train_loop, eval_loop=eval_loop,
                   stop_vote=steps.make_stop_vote(strategy))
+
+
+def _rate_variable(optimizer):
+  """The variable holding the optimizer's learning rate; None under a schedule."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer.
+  rate = getattr(inner, "_learning_rate", None)
+  return rate if hasattr(rate, "assign") else None
+
+
+def _learning_rate(optimizer):
+  """The optimizer's current learning rate, or None under a schedule."""
+  rate = _rate_variable(optimizer)
+  return None if rate is None else float(rate.numpy())
+
+
+def set_learning_rate(optimizer, value: float) -> bool:
+  """Sets the optimizer's rate; False if it follows a schedule and cannot be set."""
+  rate = _rate_variable(optimizer)
+  if rate is None:
+    return False
+  rate.assign(value)
+  return True

@@ -62,6 +62,13 @@ def _loss_scale(optimizer):
       optimizer, keras.optimizers.LossScaleOptimizer) else None
 
 
+def float32_outputs(outputs):
+  """Model outputs with floating tensors cast to float32 (as Keras' compile does),
+  so a task's loss and metrics see float32 under mixed precision too."""
+  return tf.nest.map_structure(
+      lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
+
+
 def _per_example(values):
   """A task's per-example loss or metric as float32 (shapes were checked on a
   probe batch before the first step: see state.py)."""
@@ -98,7 +105,7 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
 
   def forward_backward(features, labels):
     with tf.GradientTape() as tape:
-      outputs = model(features, training=True)
+      outputs = float32_outputs(model(features, training=True))
       per_example = _per_example(task.loss(labels, outputs))
       loss = tf.nn.compute_average_loss(per_example,
                                         global_batch_size=global_batch_size)
@@ -172,7 +179,7 @@ def make_eval_loop(*, strategy, task, model, ledger, totals, per_replica_batch_s
 
   def replica_step(features, labels, weight):
     ledger.record(_check_batch(features, per_replica_batch_size))
-    outputs = model(features, training=False)
+    outputs = float32_outputs(model(features, training=False))
     sums = {name: tf.reduce_sum(_per_example(values) * weight)
             for name, values in task.metrics(labels, outputs).items()}
     sums["loss"] = tf.reduce_sum(_per_example(task.loss(labels, outputs))
