@@ -89,8 +89,11 @@ def test_ledger_covers_every_replica_of_every_worker(reference_run):
 def test_only_the_chief_writes_files(reference_run):
   model_dir, scratch, _ = reference_run
   assert set(os.listdir(model_dir)) == CHIEF_FILES
-  # Worker 1 saved its (collective) checkpoints into scratch and removed them.
-  assert not [n for n in os.listdir(scratch) if n.startswith("trainer-worker-")]
+  # Worker 1 saved its (collective) checkpoints into checkpoints/.worker-1 and
+  # removed it at the end.
+  assert not [n for n in os.listdir(os.path.join(model_dir, "checkpoints"))
+              if n.startswith(".")]
+  del scratch
   with open(os.path.join(model_dir, "flags.txt")) as f:
     assert "--strategy=multi_worker\n" in f.read()
 
@@ -184,10 +187,12 @@ def test_multi_worker_needs_tf_config_and_model_dir(tmp_path):
   assert not os.path.exists(tmp_path / "run")
 
 
-@pytest.mark.parametrize("task", ["regression", "user_tasks:Quadratic"])
+@pytest.mark.parametrize("task", ["regression", "user_tasks:Quadratic",
+                                  "user_tasks:StreamQuadratic"])
 def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
-  """The regression task and a user task (subclassed model, custom loss) hold the
-  multi-worker guarantees too: equal weights, every eval example counted once."""
+  """The regression task, a user task (subclassed model, custom loss) and a tf.data
+  task (each worker reads its shard of every global batch) hold the multi-worker
+  guarantees too: equal weights, every eval example counted once."""
   env = cli_env(TMPDIR=str(tmp_path),
                 PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), REPO]))
   flags = [f"--task={task}", "--optimizer=sgd", "--learning_rate=0.05",
@@ -212,3 +217,4 @@ def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
     results = json.load(f)
   assert results["num_workers"] == 2
   assert results["eval"]["examples"] == {"regression": 89}.get(task, 77)
+  assert results["replica_batches"] == {"replica_0": 40, "replica_1": 40}

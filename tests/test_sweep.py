@@ -345,3 +345,15 @@ def test_sweep_over_a_task_hyperparameter_ranks_by_its_metric(tmp_path, capsys):
     assert f"--task.hidden={rows[0]['task.hidden']}\n" in f.read()
   assert inspect_lib.main([root]) == 0
   assert "2 trials, sorted by eval/mae (min)" in capsys.readouterr().out
+
+
+def test_a_metric_no_trial_reports_stops_the_sweep(tmp_path):
+  root = str(tmp_path / "sweep")
+  result = sweep(f"--root={root}", "--grid=task.hidden=4,8", "--metric=eval/maee",
+                 "--", "--task=regression", "--mode=train_and_eval", "--train_steps=10")
+  assert result.returncode == 2, result.stdout[-2000:]
+  (line,) = result.stderr.strip().splitlines()
+  assert line.startswith("sweep.py: error: --metric=eval/maee: trial task.hidden=4 "
+                         "completed without reporting it (it reports eval/loss, "
+                         "eval/mae, eval/mse, eval/rmse")
+  assert sweep_record(root)["task.hidden=8"]["status"] in ("pending", "interrupted")

@@ -2,6 +2,7 @@
 `--task=user_tasks:NAME` (with tests/ on PYTHONPATH) or passed to trainer.train."""
 
 import dataclasses
+import time
 
 import keras
 import numpy as np
@@ -87,3 +88,26 @@ class ScalarLoss(Quadratic):
 
 class NotATask:
   pass
+
+
+@dataclasses.dataclass
+class SlowFinish(Quadratic):
+  """Prints a marker and takes a few seconds in the final evaluation and in the
+  export, so a test can signal it there. Run with --train_steps=10
+  --steps_per_loop=10: finalize_metrics is called by the set-up's probe, the one
+  loop call, then the final evaluation."""
+
+  calls = 0  # Not annotated: a counter, not a hyperparameter.
+  layout_fields = ()
+
+  def finalize_metrics(self, means):
+    self.calls += 1
+    if self.calls == 3:
+      print("final evaluation running", flush=True)
+      time.sleep(3)
+    return means
+
+  def serving_outputs(self, outputs):
+    print("export running", flush=True)
+    time.sleep(3)
+    return {"outputs": outputs}

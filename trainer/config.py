@@ -27,6 +27,8 @@ OPTIMIZERS = ("adam", "sgd", "momentum")
 ON_NAN = ("stop", "rollback")
 MIXED_PRECISION = ("none", "mixed_bfloat16", "mixed_float16")
 MAX_CPU_DEVICES = 64
+MAX_THREADS = 1024
+MAX_SYNTHETIC_VALUES = 2**28  # 1 GiB of float32.
 
 
 def _field(default, help_text, *, choices=None, lower=None, upper=None, layout=False,
@@ -74,7 +76,7 @@ class Config:
       None, "A local .npz file: required for npz; for mnist, a local mnist.npz "
       "instead of the download.")
   synthetic_examples: int = _field(2048, "Training examples of --dataset=synthetic.",
-                                   lower=1)
+                                   lower=1, upper=10_000_000)
   synthetic_shape: Sequence[int] = _field(
       (28, 28, 1), "Example shape of --dataset=synthetic, e.g. 28,28,1.", layout=True)
   shuffle: bool = _field(True, "Shuffle the training set each epoch (arrays: a "
@@ -107,9 +109,9 @@ class Config:
       None, "Indices of the GPUs to use, e.g. 0,1. Default: all.", layout=True)
   memory_growth: bool = _field(True, "Let GPU memory grow instead of taking it all.")
   intra_op_threads: int = _field(0, "TensorFlow intra-op threads (0 = TF's default).",
-                                 lower=0)
+                                 lower=0, upper=MAX_THREADS)
   inter_op_threads: int = _field(0, "TensorFlow inter-op threads (0 = TF's default).",
-                                 lower=0)
+                                 lower=0, upper=MAX_THREADS)
   # Steps and batches.
   per_replica_batch_size: int = _field(32, "Examples per replica per step; the global "
                                        "batch is this times the replica count.",
@@ -130,7 +132,7 @@ class Config:
                                 "loss scaling).", choices=MIXED_PRECISION, layout=True)
   jit_compile: bool = _field(False, "Compile the replica step with XLA.")
   seed: int = _field(0, "Seed of weights, dropout and data order.", lower=0,
-                     layout=True)
+                     upper=2**32 - 1, layout=True)
   deterministic: bool = _field(False, "Enable TensorFlow op determinism (bit-exact "
                                "reruns and resumes).")
   # Evaluation, checkpoints, faults.
@@ -173,6 +175,12 @@ class Config:
     if len(self.synthetic_shape) not in (1, 2, 3) or min(self.synthetic_shape) < 1:
       raise ConfigError(f"--synthetic_shape={_flag_value(self.synthetic_shape)}: "
                         "must be 1 to 3 positive sizes, e.g. 28,28,1")
+    values = self.synthetic_examples * math.prod(self.synthetic_shape)
+    if self.dataset == "synthetic" and values > MAX_SYNTHETIC_VALUES:
+      raise ConfigError(f"--synthetic_examples={self.synthetic_examples} x "
+                        f"--synthetic_shape={_flag_value(self.synthetic_shape)}: "
+                        f"{values * 4 / 2**30:.1f} GiB of data; at most "
+                        f"{MAX_SYNTHETIC_VALUES * 4 / 2**30:.0f} GiB")
     if self.mode == "eval" and not self.model_dir:
       raise ConfigError("--mode=eval needs --model_dir of a trained run")
     if self.strategy == "multi_worker" and not self.model_dir:

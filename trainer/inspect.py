@@ -12,6 +12,7 @@ import sys
 
 from trainer import tf_loader
 from trainer.outputs import run_dir
+from trainer.outputs.progress import format_metrics
 from trainer.sweeps import report
 from trainer.sweeps.runner import SWEEP_FILE, TrialRun, results_metrics
 from trainer.sweeps.spec import Trial
@@ -42,12 +43,23 @@ def is_run(path: str) -> bool:
           os.path.isdir(os.path.join(path, "train")))
 
 
+def _object(value) -> dict:
+  """`value` if it is a JSON object, else {} (a hand-edited or foreign file)."""
+  return value if isinstance(value, dict) else {}
+
+
+def _number(value):
+  """`value` if it is a number, else None."""
+  return value if isinstance(value, (int, float)) and not isinstance(value,
+                                                                      bool) else None
+
+
 def run_summary(path: str) -> str:
   """A few lines on one run: status, metrics, ledger and every scalar's last value."""
-  results = run_dir.read_json(os.path.join(path, run_dir.RESULTS_FILE))
+  results = _object(run_dir.read_json(os.path.join(path, run_dir.RESULTS_FILE)))
   lines = []
   if results:
-    speed = results.get("examples_per_second")
+    speed = _number(results.get("examples_per_second"))
     lines.append(
         f"run {path}: {results.get('status')} at step {results.get('global_step')}/"
         f"{results.get('train_steps')}, {results.get('num_replicas')} replica(s) x "
@@ -55,22 +67,27 @@ def run_summary(path: str) -> str:
         f"{results.get('global_batch_size')}"
         + (f", {speed:,.0f} examples/s" if speed else ""))
     for split in SPLITS:
-      if isinstance(results.get(split), dict):
-        values = results[split]
-        extra = f", {values['examples']} examples" if "examples" in values else ""
-        lines.append(f"  {split:<5} {_metrics_text(values)}  (step "
+      values = _object(results.get(split))
+      if values:
+        numbers = {k: v for k, v in values.items()
+                   if k != "step" and _number(v) is not None}
+        extra = (f", {numbers['examples']} examples" if "examples" in numbers
+                 else "")
+        lines.append(f"  {split:<5} {format_metrics(numbers)}  (step "
                      f"{values.get('step')}{extra})")
-    best, metric = results.get("best_eval"), results.get("best_metric") or "eval/loss"
-    name = metric.split("/", 1)[-1]
-    if isinstance(best, dict) and isinstance(best.get(name), (int, float)):
-      lines.append(f"  best {metric} {best[name]:.4f} at step {best.get('step')}")
-    ledger = results.get("replica_batches") or {}
+    metric = results.get("best_metric")
+    metric = metric if isinstance(metric, str) else "eval/loss"
+    best = _object(results.get("best_eval"))
+    value = _number(best.get(metric.split("/", 1)[-1]))
+    if value is not None:
+      lines.append(f"  best {metric} {value:.4f} at step {best.get('step')}")
+    ledger = _object(results.get("replica_batches"))
     if ledger:
       lines.append("  ledger (batches per replica): " +
                    ", ".join(f"{k} {v}" for k, v in sorted(ledger.items())))
   else:
-    lines.append(f"run {path}: no results.json yet (running, or stopped before its "
-                 "first loop call ended)")
+    lines.append(f"run {path}: no readable results.json yet (running, or stopped "
+                 "before its first loop call ended)")
   lines.append("  scalars:")
   for split in SPLITS:
     directory = os.path.join(path, split)
@@ -86,45 +103,48 @@ def run_summary(path: str) -> str:
   return "\n".join(lines)
 
 
-def _metrics_text(values: dict) -> str:
-  return "  ".join(f"{k} {v:.4f}" for k, v in values.items()
-                   if k not in ("step", "examples") and isinstance(v, (int, float)))
-
-
-def _sweep_runs(root: str) -> list:
+def _sweep_runs(root: str, record: dict) -> list:
   """TrialRuns of a sweep root, from sweep.json refreshed by each results.json."""
-  record = run_dir.read_json(os.path.join(root, SWEEP_FILE))
   if record:
-    entries = record.get("trials", [])
+    entries = record.get("trials")
+    entries = [e for e in (entries if isinstance(entries, list) else [])
+               if isinstance(e, dict) and isinstance(e.get("name"), str)]
   else:
-    entries = [{"name": n, "values": {}} for n in sorted(os.listdir(root))
+    entries = [{"name": n} for n in sorted(os.listdir(root))
                if is_run(os.path.join(root, n))]
   runs = []
   for entry in entries:
-    run = TrialRun(trial=Trial(name=entry["name"], values=entry.get("values", {})),
-                   command=entry.get("command", []),
+    command = entry.get("command")
+    run = TrialRun(trial=Trial(name=entry["name"], values=_object(entry.get("values"))),
+                   command=command if isinstance(command, list) else [],
                    model_dir=os.path.join(root, entry["name"]), log_path="",
-                   status=entry.get("status", "unknown"),
-                   attempts=entry.get("attempts", 0), error=entry.get("error", ""),
-                   elapsed=entry.get("elapsed_s", 0.0),
-                   metrics=dict(entry.get("metrics", {})))
-    results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
+                   status=str(entry.get("status", "unknown")),
+                   attempts=_number(entry.get("attempts")) or 0,
+                   error=str(entry.get("error", "")),
+                   elapsed=_number(entry.get("elapsed_s")) or 0.0,
+                   metrics={k: v for k, v in _object(entry.get("metrics")).items()
+                            if _number(v) is not None})
+    results = _object(run_dir.read_json(os.path.join(run.model_dir,
+                                                     run_dir.RESULTS_FILE)))
     if results:
-      run.metrics.update(results_metrics(results))
+      run.metrics.update({k: v for k, v in results_metrics(results).items()
+                          if _number(v) is not None})
       if not record:
-        run.status = results.get("status", "unknown")
+        run.status = str(results.get("status", "unknown"))
     runs.append(run)
   return runs
 
 
 def sweep_summary(root: str) -> str:
   """The sweep's trials, best first by its --metric, as the sweep's live table."""
-  runs = _sweep_runs(root)
+  record = _object(run_dir.read_json(os.path.join(root, SWEEP_FILE)))
+  runs = _sweep_runs(root, record)
   if not runs:
     return f"{root}: no runs here"
-  record = run_dir.read_json(os.path.join(root, SWEEP_FILE)) or {}
-  metric = record.get("metric") or "eval/loss"
-  goal = record.get("goal") or ("max" if metric == "examples_per_second" else "min")
+  metric = record.get("metric")
+  metric = metric if isinstance(metric, str) else "eval/loss"
+  goal = record.get("goal") if record.get("goal") in ("max", "min") else (
+      "max" if metric == "examples_per_second" else "min")
   ordered = report.ranked(runs, metric=metric, goal=goal)
   return (f"sweep {root}: {len(runs)} trials, sorted by {metric} ({goal})\n"
           + report.live_table(ordered, list(runs[0].trial.values)) + "\n"

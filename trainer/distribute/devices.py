@@ -163,16 +163,39 @@ def cluster_resolver(config: Config):
 
 
 def _check_tf_config():
+  """Checks TF_CONFIG's shape before TensorFlow's resolver reads it.
+
+  Raises:
+    ConfigError: naming what is wrong and what would be valid.
+  """
   raw = os.environ.get("TF_CONFIG")
   if not raw:
     raise ConfigError("--strategy=multi_worker needs TF_CONFIG (or "
                       "--cluster_resolver=slurm); see README 'Scaling out'")
   try:
     tf_config = json.loads(raw)
-    tf_config["cluster"]["worker"], tf_config["task"]["index"]
+    cluster, task = tf_config["cluster"], tf_config["task"]
+    workers, task_type, index = cluster["worker"], task["type"], task["index"]
   except (ValueError, KeyError, TypeError):
-    raise ConfigError("TF_CONFIG: must be JSON with cluster.worker and task.index, "
-                      f"got {raw[:80]!r}") from None
+    raise ConfigError("TF_CONFIG: must be JSON with cluster.worker, task.type and "
+                      f"task.index, got {raw[:80]!r}") from None
+  jobs = {name: hosts for name, hosts in cluster.items()
+          if name in ("worker", "chief")}
+  for name, hosts in jobs.items():
+    if not (isinstance(hosts, list) and hosts and
+            all(isinstance(h, str) and h for h in hosts)):
+      raise ConfigError(f"TF_CONFIG: cluster.{name} must be a list of host:port "
+                        f"strings, got {hosts!r}"[:200])
+  if task_type not in jobs:
+    raise ConfigError(f"TF_CONFIG: task.type {task_type!r} must be one of "
+                      f"{', '.join(sorted(jobs))} (a job of cluster)")
+  if not isinstance(index, int) or isinstance(index, bool):
+    raise ConfigError(f"TF_CONFIG: task.index must be an integer, got {index!r}")
+  if not 0 <= index < len(jobs[task_type]):
+    raise ConfigError(f"TF_CONFIG: task.index {index} is out of range: cluster."
+                      f"{task_type} has {len(jobs[task_type])} task(s), indices 0 to "
+                      f"{len(jobs[task_type]) - 1}")
+  del workers
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

@@ -197,6 +197,9 @@ def main(argv=None) -> int:
   except TrainerError as e:
     print(f"sweep.py: error: {e}", file=sys.stderr)
     return int(e.exit_code)
+  if sweep.bad_metric:
+    print(f"sweep.py: error: {sweep.bad_metric}", file=sys.stderr)
+    return code
   print(f"results: {os.path.join(args.root, report.RESULTS_CSV)}, "
         f"{os.path.join(args.root, report.RESULTS_MD)}")
   print(report.best_summary(runs, metric=args.metric, goal=args.goal))

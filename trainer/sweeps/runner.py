@@ -87,6 +87,7 @@ class Sweep:
       ranking: {"metric": ..., "goal": ...}, recorded in sweep.json for readers.
     """
     self._ranking = ranking or {}
+    self.bad_metric = None  # Why --metric cannot rank, once a trial shows it.
     self.root = root
     self.runs = runs
     self._parallel = parallel
@@ -146,6 +147,8 @@ class Sweep:
         signal.signal(sig, old)
       self._save_record()
     self._draw(force=True, final=True)
+    if self.bad_metric:
+      return int(ExitCode.BAD_INPUT)
     if self._stopping:
       return int(ExitCode.INTERRUPTED)
     return 0 if all(r.status == "completed" for r in self.runs) else 1
@@ -159,14 +162,17 @@ class Sweep:
 
   def _load_previous(self):
     """Marks trials completed by an earlier invocation; keeps their record."""
-    record = run_dir.read_json(os.path.join(self.root, SWEEP_FILE)) or {}
-    previous = {t["name"]: t for t in record.get("trials", [])}
+    record = run_dir.read_json(os.path.join(self.root, SWEEP_FILE))
+    trials = record.get("trials") if isinstance(record, dict) else None
+    previous = {t["name"]: t for t in (trials if isinstance(trials, list) else [])
+                if isinstance(t, dict) and isinstance(t.get("name"), str)}
     for run in self.runs:
       old = previous.get(run.name, {})
-      run.attempts = old.get("attempts", 0)
-      run.elapsed = old.get("elapsed_s", 0.0)
+      attempts, elapsed = old.get("attempts"), old.get("elapsed_s")
+      run.attempts = attempts if isinstance(attempts, int) else 0
+      run.elapsed = float(elapsed) if isinstance(elapsed, (int, float)) else 0.0
       results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
-      if results and results.get("status") == "completed":
+      if isinstance(results, dict) and results.get("status") == "completed":
         run.status, run.metrics = "completed", results_metrics(results)
         run.error = ""
       elif old:
@@ -212,6 +218,12 @@ class Sweep:
       run.status = "interrupted"  # Stopped by the sweep before it could save.
     if run.status != "completed":
       run.error = _last_error_line(run.log_path) or f"exit code {run.returncode}"
+    metric = self._ranking.get("metric")
+    if run.status == "completed" and metric and metric not in run.metrics:
+      reported = sorted(k for k in run.metrics if "/" in k or k == "examples_per_second")
+      self.bad_metric = (f"--metric={metric}: trial {run.name} completed without "
+                         f"reporting it (it reports {', '.join(reported)})")
+      self._request_stop(signal.SIGTERM, None)  # No trial can be ranked: stop.
     self._save_record()
 
   def _save_record(self):

@@ -9,6 +9,8 @@ import numpy as np
 from trainer.config import Config
 from trainer.errors import DataError
 
+MAX_CLASSES = 100_000  # Labels beyond this are a mistake, not a data set.
+
 
 @dataclasses.dataclass(frozen=True)
 class Source:
@@ -61,15 +63,24 @@ def _npz(config: Config) -> Source:
   """Any .npz with x_train, y_train, x_test, y_test."""
   path = config.data_path
   try:
-    with np.load(path, allow_pickle=False) as data:
+    loaded = np.load(path, allow_pickle=False)
+  except (OSError, ValueError, EOFError) as e:
+    raise DataError(f"--data_path={path}: not a readable .npz "
+                    f"({type(e).__name__}: {str(e)[:120]})") from None
+  if not isinstance(loaded, np.lib.npyio.NpzFile):
+    raise DataError(f"--data_path={path}: a single .npy array, not an .npz archive "
+                    "of x_train, y_train, x_test, y_test")
+  try:
+    with loaded as data:
       missing = [k for k in ("x_train", "y_train", "x_test", "y_test")
                  if k not in data.files]
       if missing:
         raise DataError(f"--data_path={path}: missing array(s) {', '.join(missing)}; "
                         "needs x_train, y_train, x_test, y_test")
       arrays = [data[k] for k in ("x_train", "y_train", "x_test", "y_test")]
-  except (OSError, ValueError) as e:
-    raise DataError(f"--data_path={path}: not a readable .npz ({e})") from None
+  except (OSError, ValueError, EOFError) as e:
+    raise DataError(f"--data_path={path}: not a readable .npz "
+                    f"({type(e).__name__}: {str(e)[:120]})") from None
   return _checked(path, *arrays)
 
 
@@ -98,6 +109,13 @@ def _checked(name, x_train, y_train, x_test, y_test) -> Source:
                       f"shape {y.shape} dtype {y.dtype}")
     if y.min() < 0:
       raise DataError(f"{name}: y_{split} has a negative label {y.min()}")
+    if y.max() >= MAX_CLASSES:
+      raise DataError(f"{name}: y_{split} has a label {y.max()}, which means "
+                      f"{int(y.max()) + 1} classes; at most {MAX_CLASSES} are "
+                      "supported")
+    if x.ndim < 2:
+      raise DataError(f"{name}: x_{split} must have shape [examples, features...], "
+                      f"got {x.shape}")
   if x_train.shape[1:] != x_test.shape[1:]:
     raise DataError(f"{name}: x_train examples have shape {x_train.shape[1:]} but "
                     f"x_test {x_test.shape[1:]}")

@@ -3,6 +3,7 @@
 import keras
 
 from trainer.config import Config
+from trainer.errors import ConfigError
 
 
 def _head(x, config: Config, num_classes: int):
@@ -83,6 +84,12 @@ def build_model(config: Config, *, input_shape, num_classes: int) -> keras.Model
   Returns:
     A built Keras functional model.
   """
+  if config.model == "cnn":
+    height, width = (_as_image(input_shape) if len(input_shape) < 3
+                     else input_shape)[:2]
+    if min(height, width) < 4:  # Conv 3x3 (valid), then 2x2 pooling.
+      raise ConfigError(f"--model=cnn needs examples of at least 4x4, the data's "
+                        f"have shape {tuple(input_shape)}; use --model=mlp or resnet")
   inputs = keras.Input(shape=input_shape, name="inputs")
   outputs = _REGISTRY[config.model](inputs, config, num_classes)
   return keras.Model(inputs, outputs, name=config.model)

@@ -1,12 +1,12 @@
 """Small actions the controller runs after every loop call, in order.
 
-Evaluation runs before the checkpoint of the same step, so the checkpoint's run
-record holds that evaluation (a resume neither repeats nor loses it) and its
-events are flushed with the checkpoint.
-
 Each is a callable `action(call) -> outcome` on a `controller.LoopCall`: None to go
 on, `controller.ROLLED_BACK` after restoring an earlier step, or a status string
 that ends training ("interrupted").
+
+Evaluation runs before the checkpoint of the same step, so the checkpoint's run
+record holds that evaluation (a resume neither repeats nor loses it) and its
+events are flushed with the checkpoint.
 """
 
 import os

@@ -23,6 +23,7 @@ import time
 import tensorflow as tf
 
 from trainer.errors import ModelDirError
+from trainer.outputs import run_dir
 
 CHECKPOINT_SUBDIR = "checkpoints"
 QUARANTINE_PREFIX = "unreadable-"
@@ -212,9 +213,28 @@ class Checkpoints:
         os.replace(index, os.path.join(self.directory, QUARANTINE_PREFIX +
                                        "checkpoint"))
       return
-    paths = [self._path(step) for step in steps]
-    tf.compat.v1.train.update_checkpoint_state(
-        self.directory, paths[-1], all_model_checkpoint_paths=paths)
+    # The CheckpointState text format, written directly (TF's writer for it is
+    # deprecated). Timestamps after last_preserved_timestamp make every listed
+    # checkpoint one that rotation may delete, oldest first, as for its own saves.
+    names = [f"{_PREFIX}-{step}" for step in steps]
+    if self._listed() == names:
+      return  # Already true: leave the file (and a no-op rerun) untouched.
+    times = [os.path.getmtime(self._path(step) + ".index") for step in steps]
+    lines = [f'model_checkpoint_path: "{names[-1]}"']
+    lines += [f'all_model_checkpoint_paths: "{name}"' for name in names]
+    lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in times]
+    lines.append(f"last_preserved_timestamp: {min(times) - 1.0!r}")
+    run_dir.write_atomic(index, "\n".join(lines) + "\n")
+
+  def _listed(self) -> list:
+    """The checkpoint names the index file lists (None if it is unreadable)."""
+    try:
+      state = tf.train.get_checkpoint_state(self.directory)
+    except (tf.errors.OpError, ValueError):
+      return None
+    if state is None:
+      return None
+    return [os.path.basename(p) for p in state.all_model_checkpoint_paths]
 
   def save(self) -> str:
     """Saves at the current global step and returns the checkpoint path.

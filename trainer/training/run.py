@@ -71,8 +71,8 @@ def train(config: Config, task: Task) -> dict:
     export_dir = config.export_dir or os.path.join(config.model_dir, "export")
     if found.is_chief:
       check_serving_signature(task, data.feature_spec(state.train_data))
-      run_dir.ensure_writable(config.model_dir)
       run_dir.check_writable_target(export_dir, flag="--export_dir")
+      run_dir.ensure_writable(config.model_dir)
     else:
       return _train_in_dir(state, best, stop_request, export_dir)
     with run_dir.locked(config.model_dir):

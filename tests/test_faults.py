@@ -1,0 +1,441 @@
+"""Faults that must lose nothing: the checkpoint index, layout drift, a live eval,
+resume flags, rollbacks, results across invocations, bad input, signals at every
+phase, leftovers, and SIGKILLs at random moments."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import trainer
+from trainer.config import Config
+from trainer.errors import DivergedError, ModelDirError
+from trainer.training import checkpoints as checkpoints_lib
+
+from conftest import REPO, checkpoint_values, cli_env, run_cli
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+FAST = dict(dataset="digits", model="mlp", optimizer="sgd", learning_rate=0.1,
+            per_replica_batch_size=8, checkpoint_every=10, steps_per_loop=5,
+            summaries=False)
+
+
+def _results(model_dir):
+  with open(os.path.join(model_dir, "results.json")) as f:
+    return json.load(f)
+
+
+def _files(directory):
+  return sorted(os.listdir(directory))
+
+
+def _ckpt_dir(model_dir):
+  return os.path.join(model_dir, "checkpoints")
+
+
+# 1. The checkpoint files are the truth.
+@pytest.mark.parametrize("damage", ["missing", "garbage"])
+def test_a_lost_checkpoint_index_neither_restarts_nor_deletes(model_dir, capsys,
+                                                               damage):
+  trainer.train(Config(model_dir=model_dir, train_steps=40, **FAST))
+  assert checkpoints_lib.checkpoint_steps(_ckpt_dir(model_dir)) == [20, 30, 40]
+  index = os.path.join(_ckpt_dir(model_dir), "checkpoint")
+  if damage == "missing":
+    os.remove(index)
+  else:
+    with open(index, "wb") as f:
+      f.write(b"\x00\xffnot a checkpoint state {{")
+  capsys.readouterr()
+  results = trainer.train(Config(model_dir=model_dir, train_steps=60, **FAST))
+  assert "resuming at step 40" in capsys.readouterr().out
+  assert results["global_step"] == 60 and results["replica_batches"] == {
+      "replica_0": 60}
+  # Rotation kept the newest three; ckpt-40 went only once 50 and 60 existed.
+  assert checkpoints_lib.checkpoint_steps(_ckpt_dir(model_dir)) == [40, 50, 60]
+
+
+def test_a_save_never_overwrites_a_checkpoint_it_did_not_write(model_dir):
+  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+  directory = _ckpt_dir(model_dir)
+  # A newer checkpoint appears that is not readable: it is set aside, never
+  # overwritten by the resumed run's own step-20 save.
+  for suffix in (".index", ".data-00000-of-00001"):
+    with open(os.path.join(directory, f"ckpt-20{suffix}"), "wb") as f:
+      f.write(b"junk")
+  results = trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  assert results["global_step"] == 20
+  names = _files(directory)
+  assert "unreadable-ckpt-20.index" in names and "ckpt-20.index" in names
+  with open(os.path.join(directory, "unreadable-ckpt-20.index"), "rb") as f:
+    assert f.read() == b"junk"
+
+
+# 2. Layout drift is a mismatch, not corruption.
+def _npz(path, classes):
+  rng = np.random.default_rng(0)
+  np.savez(path, x_train=rng.random((64, 6), np.float32),
+           y_train=np.arange(64) % classes, x_test=rng.random((10, 6), np.float32),
+           y_test=np.arange(10) % classes)
+  return str(path)
+
+
+def test_changed_data_is_a_mismatch_and_renames_nothing(tmp_path):
+  model_dir, data = str(tmp_path / "run"), tmp_path / "data.npz"
+  flags = dict(FAST, dataset="npz", data_path=_npz(data, classes=3))
+  trainer.train(Config(model_dir=model_dir, train_steps=10, **flags))
+  before = _files(_ckpt_dir(model_dir))
+  _npz(data, classes=5)  # Same path, same flags: the layout check cannot see it.
+  with pytest.raises(ModelDirError, match=r"ckpt-10 does not fit the model being "
+                     r"built: weight 2 \(logits/kernel\) is \(128, 3\) there, "
+                     r"\(128, 5\) here"):
+    trainer.train(Config(model_dir=model_dir, train_steps=20, **flags))
+  assert _files(_ckpt_dir(model_dir)) == before
+  _npz(data, classes=3)
+  resumed = trainer.train(Config(model_dir=model_dir, train_steps=20, **flags))
+  assert resumed["global_step"] == 20 and resumed["replica_batches"]["replica_0"] == 20
+
+
+def test_lost_flags_then_another_model_is_a_mismatch(model_dir):
+  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+  os.remove(os.path.join(model_dir, "flags.txt"))
+  before = _files(_ckpt_dir(model_dir))
+  process = run_cli(f"--model_dir={model_dir}", "--train_steps=20", "--model=cnn",
+                    "--dataset=digits", "--per_replica_batch_size=8", "--optimizer=sgd")
+  assert process.returncode == 2, process.stderr
+  assert process.stderr.strip().count("\n") == 0 and "does not fit" in process.stderr
+  assert _files(_ckpt_dir(model_dir)) == before
+  resumed = trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  assert resumed["global_step"] == 20
+
+
+# 3. An evaluator never modifies the run it reads.
+def test_eval_mode_reads_a_run_without_changing_it(model_dir, capsys):
+  trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  directory = _ckpt_dir(model_dir)
+  data_file = os.path.join(directory, "ckpt-20.data-00000-of-00001")
+  with open(data_file, "r+b") as f:
+    f.truncate(os.path.getsize(data_file) // 2)  # As a live run's save in progress.
+  before = {name: open(os.path.join(directory, name), "rb").read()
+            for name in _files(directory)}
+  results = trainer.train(Config(mode="eval", model_dir=model_dir))
+  assert results["global_step"] == 10  # The previous, readable checkpoint.
+  assert {name: open(os.path.join(directory, name), "rb").read()
+          for name in _files(directory)} == before
+  assert "ckpt-20 is unreadable" in capsys.readouterr().out
+
+
+def test_a_checkpoint_rotated_away_while_listing_is_retried(model_dir, monkeypatch):
+  trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  real = checkpoints_lib.checkpoint_steps
+  listings = []
+
+  def listing_with_a_vanished_step(directory):
+    listings.append(directory)
+    steps = real(directory)
+    return steps + [30] if len(listings) == 1 else steps  # 30 "was just deleted".
+
+  monkeypatch.setattr(checkpoints_lib, "checkpoint_steps",
+                      listing_with_a_vanished_step)
+  results = trainer.train(Config(mode="eval", model_dir=model_dir))
+  assert results["global_step"] == 20 and len(listings) >= 2
+  assert not [n for n in _files(_ckpt_dir(model_dir)) if n.startswith("unreadable")]
+
+
+# 4. A changed learning rate is applied and said.
+def test_a_new_learning_rate_on_resume_is_applied_and_said(model_dir, capsys):
+  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+  capsys.readouterr()
+  results = trainer.train(Config(model_dir=model_dir, train_steps=20,
+                                 **dict(FAST, learning_rate=0.05, summaries=True)))
+  assert "learning rate 0.05 (was 0.1)" in capsys.readouterr().out
+  assert "--learning_rate=0.05\n" in open(os.path.join(model_dir, "flags.txt")).read()
+  values = checkpoint_values(_ckpt_dir(model_dir))
+  rates = [v for k, v in values.items() if "learning_rate" in k]
+  assert rates and all(float(r) == pytest.approx(0.05) for r in rates)
+  assert results["global_step"] == 20
+
+
+# 5. Each rollback halves the previous rate, and a restart remembers.
+def test_rollbacks_halve_the_previous_rate_and_survive_a_restart(model_dir, capsys):
+  config = Config(model_dir=model_dir, train_steps=30, on_nan="rollback",
+                  **dict(FAST, learning_rate=1e12, checkpoint_every=1,
+                         steps_per_loop=1))
+  with pytest.raises(DivergedError):
+    trainer.train(config)
+  out = capsys.readouterr().out
+  for rate in ("5e+11", "2.5e+11", "1.25e+11"):
+    assert f"learning rate halved to {rate}" in out
+  with open(os.path.join(model_dir, "rollbacks.json")) as f:
+    assert json.load(f)["lr_multiplier"] == 0.125
+  with pytest.raises(DivergedError):  # No rollbacks left after a restart either.
+    trainer.train(config)
+  out = capsys.readouterr().out
+  assert "x0.125 after 3 rollback(s)" in out and "rolled back" not in out
+
+
+# 6. results.json covers the whole run; a no-op rerun changes nothing.
+def test_a_completed_run_rerun_changes_nothing(model_dir):
+  config = Config(model_dir=model_dir, train_steps=20, mode="train_and_eval",
+                  **dict(FAST, summaries=True))
+  first = trainer.train(config)
+  snapshot = {}
+  for root, _, names in os.walk(model_dir):
+    for name in names:
+      path = os.path.join(root, name)
+      snapshot[path] = (os.path.getmtime(path), open(path, "rb").read())
+  again = trainer.train(config)
+  assert again == first == _results(model_dir)
+  after = {}
+  for root, _, names in os.walk(model_dir):
+    for name in names:
+      path = os.path.join(root, name)
+      after[path] = (os.path.getmtime(path), open(path, "rb").read())
+  assert after == snapshot
+  assert first["time_to_first_step_s"] > 0 and first["train"]["step"] == 20
+
+
+def test_best_eval_and_totals_come_with_the_checkpoint(model_dir):
+  flags = dict(FAST, summaries=True)
+  trainer.train(Config(model_dir=model_dir, train_steps=20, mode="train_and_eval",
+                       eval_every=10, **flags))
+  first = _results(model_dir)
+  # A results.json from later steps that were lost (a kill after the eval, before
+  # the checkpoint): the resumed run must not believe it.
+  forged = dict(first, best_eval=dict(first["best_eval"], step=999, accuracy=1.0))
+  with open(os.path.join(model_dir, "results.json"), "w") as f:
+    json.dump(forged, f)
+  results = trainer.train(Config(model_dir=model_dir, train_steps=30,
+                                 mode="train_and_eval", eval_every=10, **flags))
+  assert results["best_eval"]["step"] in (10, 20, 30)
+  assert results["best_eval"]["accuracy"] < 1.0
+  assert results["replica_batches"] == {"replica_0": 30}
+
+
+# Bad input: one line, exit 2, nothing written.
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+  root = tmp_path_factory.mktemp("bad")
+  np.save(root / "array.npy", np.zeros(3))
+  os.rename(root / "array.npy", root / "renamed.npz")
+  (root / "notzip.npz").write_text("hello")
+  (root / "empty.npz").write_bytes(b"")
+  np.savez(root / "oned.npz", x_train=np.zeros(100), y_train=np.zeros(100, int),
+           x_test=np.zeros(4), y_test=np.zeros(4, int))
+  np.savez(root / "biglabel.npz", x_train=np.zeros((100, 3)),
+           y_train=np.full(100, 10**9), x_test=np.zeros((4, 3)),
+           y_test=np.zeros(4, int))
+  (root / "afile").write_text("x")
+  return root
+
+
+BAD_INPUT = [
+    (["--dropout=nan"], "--dropout=nan: must be a finite number"),
+    (["--learning_rate=nan"], "--learning_rate=nan: must be a finite number"),
+    (["--seed=99999999999999999999"], "--seed=99999999999999999999: must be <="),
+    (["--synthetic_examples=1e11"], "--synthetic_examples=1e11"),
+    (["--dataset=synthetic", "--synthetic_examples=10000000",
+      "--synthetic_shape=100,100,3"], "GiB of data; at most 1 GiB"),
+    (["--dataset=synthetic", "--synthetic_shape=5", "--model=cnn"],
+     "--model=cnn needs examples of at least 4x4"),
+    (["--intra_op_threads=1000000000"], "--intra_op_threads=1000000000: must be <="),
+    (["--dataset=npz", "--data_path={bad}/notzip.npz"], "not a readable .npz"),
+    (["--dataset=npz", "--data_path={bad}/empty.npz"], "not a readable .npz"),
+    (["--dataset=npz", "--data_path={bad}/renamed.npz"], "a single .npy array"),
+    (["--dataset=npz", "--data_path={bad}/oned.npz"],
+     "x_train must have shape [examples, features...]"),
+    (["--dataset=npz", "--data_path={bad}/biglabel.npz"],
+     "which means 1000000001 classes; at most 100000"),
+    (["--export_dir={bad}/afile"], "--export_dir={bad}/afile: is a file"),
+    (["--export_dir={bad}/afile/export"], "not writable"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", BAD_INPUT)
+def test_bad_input_is_one_line_and_writes_nothing(bad_files, model_dir, args,
+                                                  fragment):
+  args = [a.format(bad=bad_files) for a in args]
+  process = run_cli(f"--model_dir={model_dir}", "--train_steps=2", *args)
+  assert process.returncode == 2, process.stdout + process.stderr
+  lines = process.stderr.strip().splitlines()
+  assert len(lines) == 1 and fragment.format(bad=bad_files) in lines[0], lines
+  assert not os.path.exists(model_dir)
+
+
+@pytest.mark.parametrize("tf_config, fragment", [
+    ({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}},
+     "task.index 3 is out of range"),
+    ({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": -1}},
+     "task.index -1 is out of range"),
+    ({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": "x"}},
+     "task.index must be an integer"),
+    ({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}},
+     "task.type 'ps' must be one of worker"),
+    ({"cluster": {"worker": "127.0.0.1:1"}, "task": {"type": "worker", "index": 0}},
+     "cluster.worker must be a list of host:port strings"),
+])
+def test_bad_tf_config_is_one_line(model_dir, tf_config, fragment):
+  env = cli_env()
+  env["TF_CONFIG"] = json.dumps(tf_config)  # cli_env drops the caller's TF_CONFIG.
+  process = run_cli("--strategy=multi_worker", f"--model_dir={model_dir}", env=env)
+  assert process.returncode == 2
+  (line,) = process.stderr.strip().splitlines()
+  assert line.startswith("error: TF_CONFIG: ") and fragment in line
+  assert not os.path.exists(model_dir)
+
+
+def test_garbage_flags_txt_is_one_line_for_eval_and_harmless_for_resume(model_dir):
+  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+  with open(os.path.join(model_dir, "flags.txt"), "wb") as f:
+    f.write(bytes(range(256)))
+  process = run_cli("--mode=eval", f"--model_dir={model_dir}")
+  assert process.returncode == 2 and "flags.txt" in process.stderr
+  assert process.stderr.strip().count("\n") == 0
+  resumed = trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  assert resumed["global_step"] == 20
+
+
+def test_inspect_survives_results_of_the_wrong_types(tmp_path):
+  from trainer import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "results.json").write_text(json.dumps({
+      "status": 3, "train": [1, 2], "eval": {"loss": "x"}, "best_eval": 5,
+      "replica_batches": [1], "examples_per_second": "fast"}))
+  assert inspect_lib.main([str(run)]) == 0
+  (tmp_path / "sweep.json").write_text(json.dumps({
+      "trials": [1, {"name": "run", "values": 3, "metrics": {"eval/loss": "x"}}],
+      "metric": 5, "goal": "sideways"}))
+  assert inspect_lib.main([str(tmp_path)]) == 0
+
+
+# Signals at every phase.
+def _start(*args, env=None):
+  return subprocess.Popen([sys.executable, "-m", "trainer.main", *args], cwd=REPO,
+                          env=env or cli_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def _read_until(process, marker):
+  output = []
+  for line in process.stdout:
+    output.append(line)
+    if marker in line:
+      return "".join(output)
+  raise AssertionError(f"no {marker!r}:\n" + "".join(output))
+
+
+def test_sigterm_during_set_up_is_a_clean_stop(model_dir):
+  process = _start(f"--model_dir={model_dir}", "--model=mlp", "--train_steps=50")
+  time.sleep(1.5)  # Importing TensorFlow.
+  process.send_signal(signal.SIGTERM)
+  output = process.communicate(timeout=120)[0]
+  assert process.returncode == 4, output
+  assert "Traceback" not in output and "during set-up" in output
+  assert _results(model_dir)["status"] == "interrupted"
+  resumed = run_cli(f"--model_dir={model_dir}", "--model=mlp", "--train_steps=50")
+  assert resumed.returncode == 0 and _results(model_dir)["status"] == "completed"
+
+
+@pytest.mark.parametrize("marker, signals", [
+    ("final evaluation running", [signal.SIGTERM]),
+    ("export running", [signal.SIGINT, signal.SIGINT]),  # A second ^C changes nothing.
+])
+def test_signals_during_final_eval_or_export_are_clean_stops(model_dir, marker,
+                                                             signals):
+  env = cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
+  args = ["--task=user_tasks:SlowFinish", "--mode=train_and_eval", "--train_steps=10",
+          "--steps_per_loop=10", f"--model_dir={model_dir}"]
+  process = _start(*args, env=env)
+  output = _read_until(process, marker)
+  for sig in signals:
+    process.send_signal(sig)
+    time.sleep(0.2)
+  output += process.communicate(timeout=120)[0]
+  assert process.returncode == 4, output
+  assert "Traceback" not in output and "KeyboardInterrupt" not in output
+  results = _results(model_dir)
+  assert results["status"] == "interrupted" and results["global_step"] == 10
+  finished = run_cli(*args, env=env)
+  assert finished.returncode == 0, finished.stderr
+  assert _results(model_dir)["status"] == "completed"
+  assert os.path.isdir(os.path.join(model_dir, "export"))
+
+
+def test_a_sweep_stopped_while_a_trial_starts_records_it_interrupted(tmp_path):
+  root = tmp_path / "sweep"
+  process = subprocess.Popen(
+      [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), f"--root={root}",
+       "--grid=learning_rate=0.1", "--metric=train/loss", "--", "--model=mlp",
+       "--train_steps=20"], cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  log = root / "logs" / "learning_rate=0.1.log"
+  deadline = time.monotonic() + 60
+  while not log.exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  process.send_signal(signal.SIGINT)
+  output = process.communicate(timeout=120)[0]
+  assert process.returncode == 4, output
+  with open(root / "sweep.json") as f:
+    (trial,) = json.load(f)["trials"]
+  assert trial["status"] == "interrupted", trial
+
+
+# Leftovers.
+def test_a_killed_save_leaves_nothing_behind_after_the_next_start(model_dir):
+  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+  temp = os.path.join(_ckpt_dir(model_dir), "ckpt-20_temp")
+  os.makedirs(temp)
+  with open(os.path.join(temp, "part-00000-of-00001.data-00000-of-00001"), "w") as f:
+    f.write("half a save")
+  trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  assert not os.path.exists(temp)
+
+
+# SIGKILL at random moments.
+@pytest.mark.slow
+def test_twenty_sigkills_at_random_moments_lose_nothing(tmp_path):
+  # About 4 s of start-up, then about 11 s of training with a checkpoint every 10
+  # steps and an evaluation every 50: kills land in start-up, in training, in
+  # saves and in evaluations.
+  steps = 2000
+  args = ["--deterministic", "--model=mlp", "--dropout=0.2", "--optimizer=sgd",
+          "--learning_rate=0.05", "--per_replica_batch_size=16", "--cpu_devices=2",
+          f"--train_steps={steps}", "--steps_per_loop=5", "--checkpoint_every=10",
+          "--mode=train_and_eval", "--eval_every=50", "--summaries=true"]
+  straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+  assert run_cli(*args, f"--model_dir={straight}").returncode == 0
+  rng = random.Random(20261204)
+  progressed = 0  # Kills after which the run had trained further than before.
+  last_step = -1
+  for _ in range(20):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainer.main", *args, f"--model_dir={killed}"],
+        cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(rng.uniform(1.0, 6.5))
+    assert process.poll() is None, "the run finished before its kill"
+    process.kill()
+    process.wait()
+    step = max(checkpoints_lib.checkpoint_steps(_ckpt_dir(killed)), default=-1)
+    progressed += step > last_step
+    last_step = step
+  assert progressed >= 5 and last_step < steps  # Kills hit training, not just start.
+  finished = run_cli(*args, f"--model_dir={killed}")
+  assert finished.returncode == 0, finished.stderr
+  a = checkpoint_values(_ckpt_dir(straight))
+  b = checkpoint_values(_ckpt_dir(killed))
+  assert a.keys() == b.keys()
+  for key in set(a) - {"save_counter/.ATTRIBUTES/VARIABLE_VALUE"}:
+    assert np.array_equal(a[key], b[key]), key
+  expected, results = _results(straight), _results(killed)
+  assert results["status"] == "completed" and results["global_step"] == steps
+  assert results["replica_batches"] == {"replica_0": steps, "replica_1": steps}
+  assert results["eval"] == expected["eval"]
+  assert results["best_eval"] == expected["best_eval"]
+  assert tf.io.gfile.exists(os.path.join(killed, "export"))
