@@ -30,15 +30,25 @@ class StopRequest:
 
 _REQUEST = StopRequest()
 _installed_for_process = False
+_active = False  # Our handlers are in force (installed, or inside stop_on_signals).
 
 
 def install():
   """Makes SIGTERM and SIGINT set the process's stop request from now on."""
-  global _installed_for_process
+  global _installed_for_process, _active
   if threading.current_thread() is threading.main_thread():
     for sig in _SIGNALS:
       signal.signal(sig, _REQUEST._handle)  # pylint: disable=protected-access
-    _installed_for_process = True
+    _installed_for_process = _active = True
+
+
+def refresh():
+  """Registers the handlers again if they are in force: TensorFlow's start-up (the
+  collective runtime of MultiWorkerMirroredStrategy) may replace them at the C
+  level while Python still reports ours."""
+  if _active and threading.current_thread() is threading.main_thread():
+    for sig in _SIGNALS:
+      signal.signal(sig, _REQUEST._handle)  # pylint: disable=protected-access
 
 
 @contextlib.contextmanager
@@ -49,13 +59,16 @@ def stop_on_signals():
   Python caller's own handlers are restored (and a request made before the
   block, under them, does not count).
   """
+  global _active
   if _installed_for_process or threading.current_thread() is not threading.main_thread():
     yield _REQUEST
     return
   _REQUEST.signal_name = None
   previous = {s: signal.signal(s, _REQUEST._handle) for s in _SIGNALS}  # pylint: disable=protected-access
+  _active = True
   try:
     yield _REQUEST
   finally:
+    _active = False
     for sig, old in previous.items():
       signal.signal(sig, old)

@@ -9,10 +9,10 @@ export and results.json.
 
 import os
 
-from trainer import data, tasks
-from trainer.config import Config
 import tensorflow as tf
 
+from trainer import data, interrupts, tasks
+from trainer.config import Config
 from trainer.errors import ConfigError, TaskError
 from trainer.interrupts import stop_on_signals
 from trainer.outputs import run_dir
@@ -65,6 +65,7 @@ def train(config: Config, task: Task) -> dict:
   config = config.with_model_dir()
   with stop_on_signals() as stop_request:
     found = setup(config, task)
+    interrupts.refresh()  # The strategy's start-up may have replaced them.
     state = build_state(config, task, found.strategy, train_data=found.train_data,
                         eval_data=found.eval_data, is_chief=found.is_chief)
     best = best_metric(config, task, state.reported_metrics)
