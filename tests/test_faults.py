@@ -438,3 +438,14 @@ def test_twenty_sigkills_at_random_moments_lose_nothing(tmp_path):
   assert results["eval"] == expected["eval"]
   assert results["best_eval"] == expected["best_eval"]
   assert tf.io.gfile.exists(os.path.join(killed, "export"))
+
+
+def test_eval_mode_on_a_directory_it_cannot_write(model_dir, monkeypatch):
+  trainer.train(Config(model_dir=model_dir, train_steps=5, **FAST))
+  real_access = os.access
+  monkeypatch.setattr(os, "access", lambda path, mode: (
+      False if os.path.abspath(path) == os.path.abspath(model_dir)
+      else real_access(path, mode)))  # As for a user without write permission.
+  with pytest.raises(ModelDirError, match=f"--model_dir={model_dir}: not writable"):
+    trainer.train(Config(mode="eval", model_dir=model_dir))
+  assert not os.path.exists(os.path.join(model_dir, "eval_results.json"))

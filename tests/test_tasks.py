@@ -234,3 +234,17 @@ def test_readme_example_task_is_the_shipped_file_and_runs(model_dir):
                     env=cli_env(PYTHONPATH=os.path.join(REPO, "examples")))
   assert process.returncode == 0, process.stderr
   assert _results(model_dir)["eval"]["examples"] == 1000
+
+
+def test_user_task_two_replicas_match_one_device(tmp_path):
+  sgd = dict(optimizer="sgd", learning_rate=0.05, train_steps=8, summaries=False)
+  trainer.train(Config(model_dir=str(tmp_path / "two"), cpu_devices=2,
+                       per_replica_batch_size=16, **sgd),
+                task=user_tasks.Quadratic(hidden=8))
+  trainer.train(Config(model_dir=str(tmp_path / "one"), strategy="one_device",
+                       per_replica_batch_size=32, **sgd),
+                task=user_tasks.Quadratic(hidden=8))
+  a, b = _float_values(tmp_path / "two"), _float_values(tmp_path / "one")
+  assert a.keys() == b.keys() and sum(k.startswith("model/") for k in a) == 4
+  for key in a:
+    np.testing.assert_allclose(a[key], b[key], atol=1e-5, err_msg=key)
