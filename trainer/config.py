@@ -23,7 +23,8 @@ MODELS = ("cnn", "mlp", "resnet")
 STRATEGIES = ("mirrored", "one_device", "multi_worker")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
 CROSS_DEVICE_OPS = ("auto", "ring", "nccl", "hierarchical_copy", "reduce_to_one_device")
-OPTIMIZERS = ("adam", "sgd", "momentum")
+OPTIMIZERS = ("adam", "adamw", "lion", "sgd", "momentum")
+LR_SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
 ON_NAN = ("stop", "rollback")
 MIXED_PRECISION = ("none", "mixed_bfloat16", "mixed_float16")
 MAX_CPU_DEVICES = 64
@@ -123,11 +124,43 @@ class Config:
   summary_every: int = _field(0, "At most this many steps between summaries (0 = "
                               "once per loop call).", lower=0)
   # Optimization.
-  optimizer: str = _field("adam", "adam, sgd or momentum.", choices=OPTIMIZERS,
-                          layout=True)
-  learning_rate: float = _field(1e-3, "Learning rate.", lower=0.0)
+  optimizer: str = _field("adam", "adam, adamw (decoupled --weight_decay), lion, sgd "
+                          "or momentum.", choices=OPTIMIZERS, layout=True)
+  learning_rate: float = _field(1e-3, "Peak learning rate (the schedule scales it).",
+                                lower=0.0)
   momentum: float = _field(0.9, "Momentum of --optimizer=momentum.", lower=0.0,
                            upper=1.0)
+  weight_decay: float = _field(0.01, "Decoupled weight decay of --optimizer=adamw "
+                               "and lion.", lower=0.0)
+  lr_schedule: str = _field("constant", "constant, cosine, linear (to "
+                            "--min_learning_rate at --decay_steps), step (times "
+                            "--lr_decay_factor at each --lr_boundaries step) or "
+                            "exponential (times --lr_decay_factor by --decay_steps); "
+                            "after --warmup_steps.", choices=LR_SCHEDULES)
+  warmup_steps: int = _field(0, "Steps of linear warm-up from 0 to --learning_rate.",
+                             lower=0)
+  decay_steps: Optional[int] = _field(None, "Step at which cosine, linear and "
+                                      "exponential decay end. Default: "
+                                      "--train_steps.", lower=1)
+  min_learning_rate: float = _field(0.0, "Floor of every schedule.", lower=0.0)
+  lr_boundaries: Sequence[int] = _field((), "Steps at which --lr_schedule=step "
+                                        "multiplies the rate by --lr_decay_factor.")
+  lr_decay_factor: float = _field(0.1, "Factor of the step and exponential "
+                                  "schedules.", lower=0.0, upper=1.0)
+  clip_norm: float = _field(0.0, "Clip the all-reduced gradients to this global norm "
+                            "(0 = off).", lower=0.0)
+  grad_accum_steps: int = _field(1, "Micro-batches accumulated per update: N steps "
+                                 "of one per-replica batch each make one optimizer "
+                                 "step (an N times larger batch in the same memory).",
+                                 lower=1, upper=1024, layout=True)
+  ema_decay: float = _field(0.0, "Keep an exponential moving average of the weights "
+                            "with this decay, e.g. 0.999 (0 = off).", lower=0.0,
+                            layout=True)
+  eval_with_ema: bool = _field(True, "With --ema_decay: evaluate and export the "
+                               "averaged weights.")
+  init_checkpoint: Optional[str] = _field(
+      None, "Warm start: initialise the model's weights (not the optimizer or the "
+      "step) from this checkpoint or run directory before step 0.")
   mixed_precision: str = _field("none", "none, mixed_bfloat16 or mixed_float16 (with "
                                 "loss scaling).", choices=MIXED_PRECISION, layout=True)
   jit_compile: bool = _field(False, "Compile the replica step with XLA.")
@@ -152,6 +185,18 @@ class Config:
   on_nan: str = _field("stop", "On a non-finite loss or gradient: stop, or rollback "
                        "(restore the last checkpoint, halve the learning rate, at "
                        "most 3 times).", choices=ON_NAN)
+  early_stopping_patience: int = _field(0, "Stop after this many evaluations without "
+                                        "an improvement of --best_metric (0 = off).",
+                                        lower=0)
+  early_stopping_min_delta: float = _field(0.0, "The least change of --best_metric "
+                                           "that counts as an improvement.",
+                                           lower=0.0)
+  max_time: Optional[str] = _field(None, "Time budget of this invocation, e.g. 90m, "
+                                   "2h, 3600s: stop (with a checkpoint) after the "
+                                   "first loop call past it.")
+  profile_steps: Sequence[int] = _field((), "A,B: record a TensorFlow profile of "
+                                        "steps A to B under MODEL_DIR/train (the "
+                                        "Profile tab).")
   # Inspection.
   summaries: bool = _field(True, "Write TensorBoard summaries and progress lines.")
   hparams: Sequence[str] = _field((), "Flag names to record as TensorBoard HParams "
@@ -186,6 +231,13 @@ class Config:
     if self.strategy == "multi_worker" and not self.model_dir:
       raise ConfigError("--strategy=multi_worker needs --model_dir: every worker "
                         "must name the same directory")
+    self._check_optimization()
+    if self.max_time is not None:
+      parse_duration(self.max_time, flag="--max_time")
+    if self.profile_steps and (len(self.profile_steps) != 2 or
+                               not 1 <= self.profile_steps[0] <= self.profile_steps[1]):
+      raise ConfigError(f"--profile_steps={_flag_value(self.profile_steps)}: must be "
+                        "A,B with 1 <= A <= B, e.g. 10,20")
     if self.best_metric is not None and not self.best_metric.startswith("eval/"):
       raise ConfigError(f"--best_metric={self.best_metric}: must be eval/NAME, e.g. "
                         "eval/loss")
@@ -194,6 +246,31 @@ class Config:
                      if not n.startswith("task."))
     if unknown:
       raise ConfigError(f"--hparams: unknown flag(s) {', '.join(unknown)}")
+
+  def _check_optimization(self):
+    decay_steps = self.decay_steps or self.train_steps
+    if self.lr_schedule in ("cosine", "linear", "exponential") and (
+        decay_steps <= self.warmup_steps):
+      raise ConfigError(f"--decay_steps={decay_steps}: must be more than "
+                        f"--warmup_steps={self.warmup_steps} (decay ends after warm-up)")
+    if self.min_learning_rate > self.learning_rate:
+      raise ConfigError(f"--min_learning_rate={self.min_learning_rate}: must be <= "
+                        f"--learning_rate={self.learning_rate}")
+    if list(self.lr_boundaries) != sorted(set(self.lr_boundaries)) or (
+        self.lr_boundaries and self.lr_boundaries[0] < 1):
+      raise ConfigError(f"--lr_boundaries={_flag_value(self.lr_boundaries)}: must be "
+                        "increasing steps >= 1, e.g. 1000,2000")
+    if self.lr_schedule == "step" and not self.lr_boundaries:
+      raise ConfigError("--lr_schedule=step needs --lr_boundaries, e.g. 1000,2000")
+    if self.ema_decay and not 0.0 < self.ema_decay < 1.0:
+      raise ConfigError(f"--ema_decay={self.ema_decay}: must be in (0, 1), e.g. 0.999 "
+                        "(or 0 for no averaging)")
+
+  @property
+  def max_time_seconds(self) -> Optional[float]:
+    """--max_time in seconds (None when unset)."""
+    return None if self.max_time is None else parse_duration(self.max_time,
+                                                             flag="--max_time")
 
   @property
   def task_kwargs(self) -> dict:
@@ -236,6 +313,28 @@ class Config:
     layout.update({f"task.{name}": _flag_value(value)
                    for name, value in self.task_params if name in task_layout})
     return layout
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, *, flag: str) -> float:
+  """Seconds in "90m", "2h", "3600s", "1.5h" or a plain number of seconds.
+
+  Raises:
+    ConfigError: naming the flag and the forms that are valid.
+  """
+  value, unit = text.strip().lower(), "s"
+  if value and value[-1] in _UNITS:
+    value, unit = value[:-1], value[-1]
+  try:
+    seconds = float(value) * _UNITS[unit]
+  except ValueError:
+    seconds = float("nan")
+  if not (math.isfinite(seconds) and seconds > 0):
+    raise ConfigError(f"{flag}={text}: must be a positive duration such as 90m, 2h "
+                      "or 3600s")
+  return seconds
 
 
 def _flag_fields():

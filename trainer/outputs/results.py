@@ -88,8 +88,9 @@ class Results:
     self._last_call_end = now
     self.data["train"] = dict(metrics, step=step)
 
-  def record_eval(self, step: int, metrics: dict):
-    """Records an evaluation; it is the best so far if --best_metric improved."""
+  def record_eval(self, step: int, metrics: dict) -> bool:
+    """Records an evaluation; returns whether --best_metric improved (it is then
+    the run's best_eval)."""
     self.eval_step = step
     self.data["eval"] = dict(metrics, step=step)
     record = self._state.record.data
@@ -100,6 +101,8 @@ class Results:
         (value > best[self._best_name] if self._best_goal == "max"
          else value < best[self._best_name])):
       record["best_eval"] = dict(metrics, step=step)
+      return True
+    return False
 
   def finish(self, status: str) -> dict:
     """Completes the record with `status` and writes results.json (chief only)."""

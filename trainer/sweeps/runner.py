@@ -21,6 +21,7 @@ from trainer.errors import ExitCode
 from trainer.sweeps.spec import Trial
 
 SWEEP_FILE = "sweep.json"
+FINISHED = ("completed", "early_stopped")  # A trial's results.json statuses: done.
 LOG_DIR = "logs"
 _POLL_SECONDS = 0.25
 _LIVE_TABLE_SECONDS = 1.0  # On a terminal the table is redrawn in place.
@@ -172,7 +173,7 @@ class Sweep:
       run.attempts = attempts if isinstance(attempts, int) else 0
       run.elapsed = float(elapsed) if isinstance(elapsed, (int, float)) else 0.0
       results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
-      if isinstance(results, dict) and results.get("status") == "completed":
+      if isinstance(results, dict) and results.get("status") in FINISHED:
         run.status, run.metrics = "completed", results_metrics(results)
         run.error = ""
       elif old:
@@ -214,6 +215,9 @@ class Sweep:
     statuses = {0: "completed", int(ExitCode.DIVERGED): "diverged",
                 int(ExitCode.INTERRUPTED): "interrupted"}
     run.status = statuses.get(run.returncode, "failed")
+    if run.status == "completed" and isinstance(results, dict) and (
+        results.get("status") == "time_limit"):
+      run.status = "interrupted"  # Out of --max_time: a rerun resumes it.
     if self._stopping and run.returncode in (-signal.SIGTERM, -signal.SIGINT):
       run.status = "interrupted"  # Stopped by the sweep before it could save.
     if run.status != "completed":

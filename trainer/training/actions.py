@@ -10,6 +10,7 @@ events are flushed with the checkpoint.
 """
 
 import os
+import time
 
 from trainer.errors import DivergedError, ModelDirError
 from trainer.outputs import run_dir
@@ -18,7 +19,7 @@ from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries
 from trainer.training import evaluation
 from trainer.training.controller import ROLLED_BACK, LoopCall
-from trainer.training.state import RunState, set_learning_rate
+from trainer.training.state import RunState
 
 MAX_ROLLBACKS = 3
 ROLLBACKS_FILE = "rollbacks.json"
@@ -29,7 +30,7 @@ def check_ledger(state: RunState):
 
   def action(call: LoopCall):
     state.train_ledger.check(
-        expected_batches=call.num_steps,
+        expected_batches=call.num_steps * state.config.grad_accum_steps,
         per_replica_batch_size=state.config.per_replica_batch_size,
         counts=(call.outputs["ledger_batches"], call.outputs["ledger_examples"]))
 
@@ -59,7 +60,7 @@ class NanPolicy:
     """Sets the optimizer's rate to the flag's times the rollbacks' multiplier."""
     state = self._state
     if state.base_learning_rate is not None:
-      set_learning_rate(state.optimizer, state.base_learning_rate * self.multiplier)
+      state.set_peak_rate(state.base_learning_rate * self.multiplier)
 
   def __call__(self, call: LoopCall):
     if call.all_finite:
@@ -102,10 +103,13 @@ def record(state: RunState, results: Results, summaries: Summaries,
   def action(call: LoopCall):
     results.record_train_call(step=call.step, steps=call.num_steps,
                               metrics=call.metrics)
-    examples_per_second = call.num_steps * state.global_batch_size / call.seconds
+    examples_per_second = (call.num_steps * state.global_batch_size *
+                           state.config.grad_accum_steps / call.seconds)
     ledger = state.train_ledger.total_batches
+    clipping = ({"clipped_fraction": call.outputs["clipped"] / call.num_steps}
+                if state.config.clip_norm else {})
     summaries.scalars("train", call.step, {
-        **call.metrics, "gradient_norm": call.outputs["gradient_norm"],
+        **call.metrics, "gradient_norm": call.outputs["gradient_norm"], **clipping,
         "learning_rate": call.outputs["learning_rate"],
         "examples_per_second": examples_per_second,
         "steps_per_second": call.num_steps / call.seconds,
@@ -128,29 +132,121 @@ def checkpoint(state: RunState, summaries: Summaries):
 
 
 class Evaluator:
-  """Evaluates the model and records it (results, TensorBoard, a line)."""
+  """Evaluates the model and records it (results, TensorBoard, a line); keeps the
+  best checkpoint (checkpoints/best/) and stops early when --best_metric stalls.
+  """
 
   def __init__(self, *, state: RunState, results: Results, summaries: Summaries,
-               progress: Progress):
+               progress: Progress, best_metric: tuple):
+    """Creates the evaluator.
+
+    Args:
+      state: the run's state.
+      results: its results record.
+      summaries: its TensorBoard writer.
+      progress: its progress lines.
+      best_metric: ("eval/NAME", "max" or "min").
+    """
     self._state = state
     self._results = results
     self._summaries = summaries
     self._progress = progress
+    self._name = best_metric[0].split("/", 1)[1]
+    self._goal = best_metric[1]
 
   def evaluate(self) -> dict:
-    step = self._state.step
-    metrics = evaluation.evaluate_once(self._state)
-    self._results.record_eval(step, metrics)
+    state = self._state
+    step = state.step
+    metrics = evaluation.evaluate_once(state)
+    improved = self._results.record_eval(step, metrics)
     self._summaries.scalars("eval", step, evaluation.scalars(metrics))
     self._progress.report_eval(step, metrics)
+    if improved and state.config.mode == "train_and_eval":
+      state.save_best_checkpoint()
+    self._count_patience(metrics[self._name])
     return metrics
+
+  def _count_patience(self, value: float):
+    """Counts evaluations since --best_metric last improved by --min_delta."""
+    record = self._state.record.data
+    reference = record.get("patience_reference")
+    delta = self._state.config.early_stopping_min_delta
+    gain = (None if reference is None else
+            value - reference if self._goal == "max" else reference - value)
+    if gain is None or gain >= delta:
+      record["patience_reference"], record["evals_without_improvement"] = value, 0
+    else:
+      record["evals_without_improvement"] = record.get(
+          "evals_without_improvement", 0) + 1
+
+  def should_stop_early(self) -> bool:
+    patience = self._state.config.early_stopping_patience
+    return bool(patience) and self._state.record.data.get(
+        "evals_without_improvement", 0) >= patience
 
   def __call__(self, call: LoopCall):
     """As an action: every --eval_every steps with --mode=train_and_eval."""
-    config = self._state.config
+    state = self._state
+    config = state.config
     if (config.mode == "train_and_eval" and config.eval_every and
         call.step % config.eval_every == 0):
       self.evaluate()
+      if self.should_stop_early():
+        state.save_checkpoint()
+        self._progress.say(
+            f"early stop at step {call.step}: {config.early_stopping_patience} "
+            f"evaluations without eval/{self._name} improving by "
+            f">= {config.early_stopping_min_delta:g}")
+        return "early_stopped"
+    return None
+
+
+class Profiler:
+  """--profile_steps=A,B: a TensorFlow profiler trace of the loop calls running
+  steps A to B (loop calls end at A - 1 and B), under MODEL_DIR/train."""
+
+  def __init__(self, state: RunState):
+    self._state = state
+    self._window = tuple(state.config.profile_steps)
+    self._active = False
+
+  def _start(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.profiler.experimental.start(os.path.join(self._state.config.model_dir, "train"))
+    self._active = True
+
+  def before_training(self):
+    if self._window and self._state.is_chief and self._state.step == self._window[0] - 1:
+      self._start()
+
+  def __call__(self, call: LoopCall):
+    if not self._window or not self._state.is_chief:
+      return
+    if self._active and call.step >= self._window[1]:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf.profiler.experimental.stop()
+      self._active = False
+    elif not self._active and call.step == self._window[0] - 1:
+      self._start()
+
+
+def time_limit(state: RunState, progress: Progress, started: float):
+  """--max_time: ends training ("time_limit") with a checkpoint after the first
+  loop call past the budget (every worker agrees on the call)."""
+  budget = state.config.max_time_seconds
+
+  def action(call: LoopCall):
+    if budget is None:
+      return None
+    if state.stop_vote(time.monotonic() - started > budget):
+      state.save_checkpoint()
+      progress.say(f"--max_time={state.config.max_time} reached at step "
+                   f"{call.step}: saved a checkpoint; rerun (with a new budget) to "
+                   "resume")
+      return "time_limit"
+    return None
+
+  return action
 
 
 def stop_vote(state: RunState, stop_request, progress: Progress):

@@ -22,10 +22,11 @@ import time
 
 import tensorflow as tf
 
-from trainer.errors import ModelDirError
+from trainer.errors import ConfigError, ModelDirError
 from trainer.outputs import run_dir
 
 CHECKPOINT_SUBDIR = "checkpoints"
+BEST_SUBDIR = "best"
 QUARANTINE_PREFIX = "unreadable-"
 _PREFIX = "ckpt"
 _INDEX = re.compile(rf"^{_PREFIX}-(\d+)\.index$")
@@ -257,6 +258,25 @@ class Checkpoints:
     self._written.add(step)
     return path
 
+  def save_best(self) -> str:
+    """Writes this step's state to checkpoints/best/ (never rotated away) and
+    removes the best checkpoint it replaces."""
+    directory = os.path.join(self._scratch or self.directory, BEST_SUBDIR)
+    step = int(self._global_step.numpy())
+    path = self.checkpoint.write(os.path.join(directory, f"{_PREFIX}-{step}"))
+    for old in checkpoint_steps(directory):
+      if old != step:
+        for name in os.listdir(directory):
+          if name.startswith(f"{_PREFIX}-{old}."):
+            os.remove(os.path.join(directory, name))
+    return path
+
+  def best_path(self):
+    """The best checkpoint's prefix, or None."""
+    directory = os.path.join(self.directory, BEST_SUBDIR)
+    steps = checkpoint_steps(directory)
+    return os.path.join(directory, f"{_PREFIX}-{steps[-1]}") if steps else None
+
   def close(self):
     if self._scratch:
       shutil.rmtree(self._scratch, ignore_errors=True)
@@ -264,3 +284,53 @@ class Checkpoints:
 
 class _Vanished(Exception):
   """A checkpoint listed a moment ago is gone (rotated by its live run)."""
+
+
+def find_checkpoint(path: str) -> str:
+  """The checkpoint prefix `path` names: a ckpt-N prefix, a checkpoints directory
+  or a run directory (its newest checkpoint).
+
+  Raises:
+    ConfigError: there is no checkpoint there.
+  """
+  if os.path.isfile(path + ".index"):
+    return path
+  for directory in (path, os.path.join(path, CHECKPOINT_SUBDIR)):
+    steps = checkpoint_steps(directory)
+    if steps:
+      return os.path.join(directory, f"{_PREFIX}-{steps[-1]}")
+  raise ConfigError(f"--init_checkpoint={path}: no checkpoint there; give a run "
+                    "directory, its checkpoints/ directory or a ckpt-N prefix")
+
+
+def warm_start(model, path: str) -> tuple:
+  """Loads the model weights of checkpoint `path` that fit, by position and shape.
+
+  Returns:
+    (names of the restored weights, [(name, why not)] of the others).
+
+  Raises:
+    ConfigError: the checkpoint cannot be read, or none of its weights fit.
+  """
+  try:
+    reader = tf.train.load_checkpoint(path)
+    shapes = {int(m[1]): tuple(shape) for key, shape in tf.train.list_variables(path)
+              if (m := _MODEL_KEY.match(key))}
+  except (tf.errors.OpError, ValueError) as e:
+    raise ConfigError(f"--init_checkpoint={path}: unreadable ({type(e).__name__})"
+                      ) from None
+  restored, skipped = [], []
+  for index, weight in enumerate(model_variables(model)):
+    if index not in shapes:
+      skipped.append((weight.path, "absent there"))
+    elif shapes[index] != tuple(weight.shape):
+      skipped.append((weight.path, f"{shapes[index]} there, {tuple(weight.shape)} "
+                                   "here"))
+    else:
+      weight.assign(reader.get_tensor(f"model/{index}/.ATTRIBUTES/VARIABLE_VALUE"))
+      restored.append(weight.path)
+  if not restored:
+    raise ConfigError(f"--init_checkpoint={path}: none of its {len(shapes)} model "
+                      f"weights fit the model being built (first: "
+                      f"{skipped[0][0]}: {skipped[0][1]})")
+  return restored, skipped

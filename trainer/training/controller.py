@@ -54,6 +54,10 @@ def next_stop(step: int, config: Config) -> int:
     stops.append(_next_multiple(step, config.eval_every))
   if config.summary_every:
     stops.append(_next_multiple(step, config.summary_every))
+  # The profiler records whole loop calls: calls end where its window starts
+  # (after step A - 1) and where it ends (after step B).
+  stops += [s for s in (config.profile_steps[0] - 1, config.profile_steps[-1])
+            if s > step] if config.profile_steps else []
   return min(stops)
 
 
@@ -71,10 +75,12 @@ def auto_steps_per_loop(num_steps: int, seconds: float, *, first: bool) -> int:
 def train_iterator(state: RunState):
   """The distributed iterator of training batches from the current global step."""
   config = state.config
+  # Each update reads --grad_accum_steps global batches of the stream.
   dataset = data.train_dataset(
       state.train_data, global_batch_size=state.global_batch_size, seed=config.seed,
       shuffle=config.shuffle, shuffle_buffer=config.shuffle_buffer,
-      start_step=state.step, preprocess=state.task.preprocess)
+      start_step=state.step * config.grad_accum_steps,
+      preprocess=state.task.preprocess)
   return iter(data.distribute(state.strategy, dataset))
 
 

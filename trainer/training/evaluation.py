@@ -31,7 +31,8 @@ def evaluate_once(state: RunState) -> dict:
       state.eval_data, global_batch_size=state.global_batch_size,
       preprocess=state.task.preprocess)
   iterator = iter(data.distribute(state.strategy, dataset))
-  call_checked(state.eval_loop, iterator, tf.constant(num_batches))
+  with state.evaluated_weights():  # The moving averages, with --ema_decay.
+    call_checked(state.eval_loop, iterator, tf.constant(num_batches))
   state.eval_ledger.check(expected_batches=num_batches,
                           per_replica_batch_size=state.config.per_replica_batch_size)
   totals = state.eval_totals.read()

@@ -8,6 +8,7 @@ export and results.json.
 """
 
 import os
+import time
 
 import tensorflow as tf
 
@@ -22,6 +23,7 @@ from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries, markdown_flags
 from trainer.tasks import Task
 from trainer.training import actions
+from trainer.training.checkpoints import find_checkpoint, warm_start
 from trainer.training.controller import Controller
 from trainer.training.evaluation import evaluate_checkpoint
 from trainer.training.setup import resolve_task, setup
@@ -70,6 +72,8 @@ def train(config: Config, task: Task) -> dict:
                         eval_data=found.eval_data, is_chief=found.is_chief)
     best = best_metric(config, task, state.reported_metrics)
     export_dir = config.export_dir or os.path.join(config.model_dir, "export")
+    if config.init_checkpoint and not state.checkpoints.exists():
+      _warm_start(state)  # Before MODEL_DIR is touched: a bad one writes nothing.
     if found.is_chief:
       check_serving_signature(task, data.feature_spec(state.train_data))
       run_dir.check_writable_target(export_dir, flag="--export_dir")
@@ -83,8 +87,10 @@ def train(config: Config, task: Task) -> dict:
 def _finished_before(state: RunState, results: Results, restored) -> bool:
   """Whether an earlier invocation completed this run (a rerun changes nothing)."""
   previous = results.previous
-  return (restored is not None and state.step >= state.config.train_steps and
-          previous.get("status") == "completed" and
+  done = (previous.get("status") == "early_stopped" or
+          (previous.get("status") == "completed" and
+           state.step >= state.config.train_steps))
+  return (restored is not None and done and
           previous.get("global_step") == state.step and
           os.path.isdir(previous.get("export_dir") or ""))
 
@@ -125,6 +131,9 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
   nan_policy = actions.NanPolicy(state=state, results=results, progress=progress)
   nan_policy.apply_learning_rate()
   progress.say(_start_line(state, restored, nan_policy))
+  if config.init_checkpoint and restored is not None:
+    progress.say(f"note: --init_checkpoint={config.init_checkpoint} is not used: the "
+                 "run resumes from its own checkpoint")
   if config.strategy == "multi_worker" and config.cpu_devices > 1 and not any(
       "GPU" in d.upper() for d in state.strategy.extended.worker_devices):
     progress.say(f"note: --cpu_devices={config.cpu_devices} is ignored with "
@@ -136,7 +145,8 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
   if restored is None:
     state.save_checkpoint()  # A rollback target and an eval-able step 0.
   evaluator = actions.Evaluator(state=state, results=results, summaries=summaries,
-                                progress=progress)
+                                progress=progress, best_metric=best)
+  profiler = actions.Profiler(state)
 
   def stopping(during: str) -> bool:
     """A signal came (before or) during `during`: every worker agrees to stop."""
@@ -155,15 +165,18 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
                    f"{config.train_steps}; nothing to train")
       status = "completed"
     else:
+      profiler.before_training()
       status = Controller(state=state, actions=[
           actions.check_ledger(state),
           nan_policy,
           actions.record(state, results, summaries, progress),
+          profiler,
           evaluator,
           actions.checkpoint(state, summaries),
           actions.stop_vote(state, stop_request, progress),
+          actions.time_limit(state, progress, started=time.monotonic()),
       ]).train()
-    if status != "completed":
+    if status not in ("completed", "early_stopped"):
       return results.finish(status)
     if config.mode == "train_and_eval" and results.eval_step != state.step:
       evaluator.evaluate()
@@ -175,18 +188,42 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
         progress.say(f"{stop_request.signal_name} during the export: rerun the same "
                      "command to finish")
         return results.finish("interrupted")
-    return results.finish("completed")
+    return results.finish(status)
   finally:
     summaries.close()
     state.checkpoints.close()
 
 
+def _warm_start(state: RunState):
+  """--init_checkpoint: the model's weights that fit, before step 0."""
+  path = find_checkpoint(state.config.init_checkpoint)
+  restored, skipped = warm_start(state.model, path)
+  if state.is_chief:
+    print(f"warm start from {path}: restored {len(restored)} of "
+          f"{len(restored) + len(skipped)} model weights" +
+          ("; not restored: " + ", ".join(f"{name} ({why})" for name, why in skipped)
+           if skipped else ""), flush=True)
+
+
 def _export(state: RunState, results: Results, export_dir: str):
-  """Exports the model; a failure of the task's serving code is one line (exit 2)
-  and leaves the trained run completed but unexported, for a rerun to export."""
+  """Exports the final model (the moving averages with --eval_with_ema) and, when
+  evaluations picked a best checkpoint, its weights to MODEL_DIR/export_best.
+
+  A failure of the task's serving code is one line (exit 2) and leaves the trained
+  run unexported, for a rerun to export.
+  """
+  feature_spec = data.feature_spec(state.train_data)
   try:
-    export_saved_model(state.model, state.task, export_dir,
-                       feature_spec=data.feature_spec(state.train_data))
+    with state.evaluated_weights():
+      export_saved_model(state.model, state.task, export_dir,
+                         feature_spec=feature_spec)
+    best = state.checkpoints.best_path()
+    if best:
+      best_dir = os.path.join(state.config.model_dir, "export_best")
+      with state.best_weights(best), state.evaluated_weights():
+        export_saved_model(state.model, state.task, best_dir,
+                           feature_spec=feature_spec)
+      results.data["export_best_dir"] = best_dir
   except (ValueError, TypeError, tf.errors.OpError) as e:
     results.finish("unexported")
     raise TaskError(f"export to {export_dir} failed ({type(e).__name__}: "

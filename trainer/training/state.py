@@ -1,5 +1,6 @@
 """Everything a run builds before its first step, created under the strategy."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,7 +14,8 @@ from trainer.config import Config
 from trainer.errors import TaskError
 from trainer.tasks import Task
 from trainer.tasks.base import METRIC_NAME
-from trainer.training import ledger, steps
+from trainer.training import ledger, schedules, steps
+from trainer.training import checkpoints as checkpoints_lib
 from trainer.training.checkpoints import CHECKPOINT_SUBDIR, Checkpoints
 from trainer.training.optimizers import build_optimizer
 
@@ -59,6 +61,7 @@ class RunState:
   checkpoints: Checkpoints
   record: RunRecord
   base_learning_rate: float  # The optimizer's rate as built (from the flags).
+  rule: steps.UpdateRule  # Accumulation, clipping, schedule, EMA.
   train_ledger: ledger.ReplicaLedger
   eval_ledger: ledger.ReplicaLedger
   train_totals: ledger.Totals
@@ -79,6 +82,28 @@ class RunState:
   def step(self) -> int:
     return int(self.global_step.numpy())
 
+  def set_peak_rate(self, value: float):
+    """Sets the rate the schedule scales (the flag's times the rollbacks')."""
+    if self.rule.rate_base is not None:
+      self.rule.rate_base.assign(value)
+
+  @contextlib.contextmanager
+  def evaluated_weights(self):
+    """The weights to evaluate and export: the moving averages with --ema_decay and
+    --eval_with_ema (swapped in for the block, then the raw weights back)."""
+    if not (self.rule.ema_variables and self.config.eval_with_ema):
+      yield
+      return
+    variables = self.model.trainable_variables
+    raw = [tf.identity(v.value) for v in variables]
+    for variable, average in zip(variables, self.rule.ema_variables):
+      variable.assign(average)
+    try:
+      yield
+    finally:
+      for variable, value in zip(variables, raw):
+        variable.assign(value)
+
   def save_checkpoint(self) -> str:
     """Saves model, optimizer, step, RNGs and the run record at this step."""
     self.record.data["ledger_batches"] = self.train_ledger.total_batches.tolist()
@@ -86,6 +111,27 @@ class RunState:
     self.record.data["base_learning_rate"] = self.base_learning_rate
     self.record.store()
     return self.checkpoints.save()
+
+  @contextlib.contextmanager
+  def best_weights(self, path: str):
+    """The model's (and averages') weights of the best checkpoint at `path`, for
+    the block; the current ones back afterwards."""
+    objects = {"model": checkpoints_lib.model_variables(self.model)}
+    if self.rule.ema_variables:
+      objects["ema"] = list(self.rule.ema_variables)
+    variables = [v for group in objects.values() for v in group]
+    current = [tf.convert_to_tensor(v) for v in variables]  # Eager reads: copies.
+    tf.train.Checkpoint(**objects).read(path).expect_partial()
+    try:
+      yield
+    finally:
+      for variable, value in zip(variables, current):
+        variable.assign(value)
+
+  def save_best_checkpoint(self) -> str:
+    """Saves this step's state as the best checkpoint (checkpoints/best/)."""
+    self.record.store()
+    return self.checkpoints.save_best()
 
   def restore_checkpoint(self):
     """Restores the newest readable checkpoint and its run record.
@@ -184,6 +230,7 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
       task_items = task.checkpoint_items()
       optimizer = build_optimizer(config, task)
       optimizer.build(model.trainable_variables)
+      rule = _update_rule(config, model, optimizer)
       # Its own variable, not optimizer.iterations: loss scaling skips updates.
       global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -198,6 +245,8 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                             optimizer=optimizer, global_step=global_step,
                             keep=config.keep_checkpoints,
                             extra={"record": record.variable,
+                                   **({"ema": list(rule.ema_variables)}
+                                      if rule.ema_variables else {}),
                                    **{f"task_{k}": v for k, v in task_items.items()}},
                             scratch=_scratch_dir(config, strategy, is_chief),
                             read_only=read_only)
@@ -206,7 +255,7 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
       global_step=global_step, ledger=train_ledger, totals=train_totals,
       per_replica_batch_size=config.per_replica_batch_size,
       global_batch_size=config.per_replica_batch_size * num_replicas,
-      jit_compile=config.jit_compile)
+      jit_compile=config.jit_compile, rule=rule)
   eval_loop = steps.make_eval_loop(
       strategy=strategy, task=task, model=model, ledger=eval_ledger,
       totals=eval_totals, per_replica_batch_size=config.per_replica_batch_size)
@@ -215,7 +264,7 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                   optimizer=optimizer, global_step=global_step,
                   metric_names=metric_names, reported_metrics=reported_metrics,
                   checkpoints=checkpoints, record=record,
-                  base_learning_rate=_learning_rate(optimizer),
+                  base_learning_rate=_learning_rate(optimizer), rule=rule,
                   train_ledger=train_ledger, eval_ledger=eval_ledger,
                   train_totals=train_totals, eval_totals=eval_totals,
                   train_loop=train_loop, eval_loop=eval_loop,
@@ -235,10 +284,22 @@ def _learning_rate(optimizer):
   return None if rate is None else float(rate.numpy())
 
 
-def set_learning_rate(optimizer, value: float) -> bool:
-  """Sets the optimizer's rate; False if it follows a schedule and cannot be set."""
-  rate = _rate_variable(optimizer)
-  if rate is None:
-    return False
-  rate.assign(value)
-  return True
+def _update_rule(config: Config, model, optimizer) -> steps.UpdateRule:
+  """The update's options from the flags; call inside `strategy.scope()`."""
+  rate_variable = _rate_variable(optimizer)
+  rate_base = None
+  if rate_variable is not None:  # Not a task optimizer's own schedule.
+    rate_base = tf.Variable(float(rate_variable.numpy()), trainable=False,
+                            name="peak_learning_rate",
+                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  ema_variables = ()
+  if config.ema_decay:
+    ema_variables = tuple(
+        tf.Variable(v.value, trainable=False, name=f"ema_{i}",
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        for i, v in enumerate(model.trainable_variables))
+  return steps.UpdateRule(
+      accum_steps=config.grad_accum_steps, clip_norm=config.clip_norm,
+      rate_variable=rate_variable, rate_base=rate_base,
+      rate_factor=schedules.config_rate_factor(config),
+      ema_decay=config.ema_decay, ema_variables=ema_variables)

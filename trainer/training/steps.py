@@ -8,6 +8,7 @@ batch), takes their global norm and applies them. K steps run per call, K a tens
 so changing K never retraces.
 """
 
+import dataclasses
 import re
 
 import keras
@@ -75,43 +76,73 @@ def _per_example(values):
   return tf.cast(values, tf.float32)
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdateRule:
+  """How a step's gradients become an update; the defaults are the plain step.
+
+  Attributes:
+    accum_steps: micro-batches per update (--grad_accum_steps): each is one
+      next() and one strategy.run, so the ledger counts micro-batches.
+    clip_norm: clip the all-reduced gradients to this global norm (0 = off).
+    rate_variable: the optimizer's learning-rate variable, set before each update
+      to rate_base * rate_factor(step); None leaves the optimizer's own rate.
+    rate_base: a variable: --learning_rate times the rollbacks' multiplier.
+    rate_factor: `step -> factor` (schedules.rate_factor).
+    ema_decay: decay of the weights' moving average (0 = off).
+    ema_variables: the averages, one per trainable variable.
+  """
+  accum_steps: int = 1
+  clip_norm: float = 0.0
+  rate_variable: object = None
+  rate_base: object = None
+  rate_factor: object = None
+  ema_decay: float = 0.0
+  ema_variables: tuple = ()
+
+
 def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, totals,
-                    per_replica_batch_size, global_batch_size, jit_compile=False):
+                    per_replica_batch_size, global_batch_size, jit_compile=False,
+                    rule: UpdateRule = UpdateRule()):
   """Builds `train_loop(iterator, num_steps) -> dict of tensors`.
 
   The dict holds everything the host needs after a call, reduced in-graph, so one
   call costs one dispatch and no eager ops (which cost ~0.1 ms each, many per
   call): "loss" (sum of the steps' losses), "examples" and each task metric (sums
   over the call's examples), "ledger_batches" and "ledger_examples" (per replica,
-  this call), "gradient_norm" (of the last step), "all_finite" (every step's loss
-  and gradients), "step" and "learning_rate" (after the call).
+  this call), "gradient_norm" (of the last step, before clipping), "clipped"
+  (steps whose norm was clipped), "all_finite" (every step's loss and gradients),
+  "step" and "learning_rate" (the rate of the call's last step).
 
   Args:
     strategy: the tf.distribute strategy the variables live under.
     task: the Task: its loss and metrics, on (labels, outputs).
     model: the task's Keras model.
     optimizer: a Keras optimizer built on `model.trainable_variables`.
-    global_step: int64 variable, incremented once per step.
-    ledger: a ReplicaLedger for training batches.
+    global_step: int64 variable, incremented once per update.
+    ledger: a ReplicaLedger for training (micro-)batches.
     totals: Totals of "loss", "examples" and the task's metric names.
-    per_replica_batch_size: examples each replica must receive per step.
-    global_batch_size: examples per step over all replicas (the loss denominator).
+    per_replica_batch_size: examples each replica must receive per micro-step.
+    global_batch_size: examples per micro-step over all replicas.
     jit_compile: compile the replica's forward and backward pass with XLA.
+    rule: accumulation, clipping, the learning-rate schedule and EMA.
 
   Returns:
     A tf.function.
   """
   variables = model.trainable_variables
+  # The loss of an update averages over all its micro-batches, so N accumulated
+  # micro-batches of B give the gradients of one batch of N * B.
+  update_batch_size = global_batch_size * rule.accum_steps
 
   def forward_backward(features, labels):
     with tf.GradientTape() as tape:
       outputs = float32_outputs(model(features, training=True))
       per_example = _per_example(task.loss(labels, outputs))
       loss = tf.nn.compute_average_loss(per_example,
-                                        global_batch_size=global_batch_size)
+                                        global_batch_size=update_batch_size)
       if model.losses:
         loss += tf.nn.scale_regularization_loss(
-            tf.cast(tf.add_n(model.losses), tf.float32))
+            tf.cast(tf.add_n(model.losses), tf.float32)) / rule.accum_steps
       scaled_loss = optimizer.scale_loss(loss)
     gradients = tape.gradient(scaled_loss, variables)
     metrics = {name: tf.reduce_sum(_per_example(values))
@@ -128,31 +159,49 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
     totals.add(dict(metrics, loss=loss, examples=batch_size))
     return gradients
 
-  def train_step(iterator):
+  def micro_step(iterator):
+    """One next() and one strategy.run: the all-reduced gradients of a batch."""
     features, labels = next(iterator)
     per_replica_gradients = strategy.run(replica_step, args=(features, labels))
-    gradients = strategy.extended.batch_reduce_to(
+    return strategy.extended.batch_reduce_to(
         _SUM, [(g, v.value) for g, v in zip(per_replica_gradients, variables)])
+
+  def train_step(iterator):
+    gradients = micro_step(iterator)
+    if rule.accum_steps > 1:
+      for _ in tf.range(rule.accum_steps - 1):
+        gradients = [a + b for a, b in zip(gradients, micro_step(iterator))]
     norm = tf.linalg.global_norm(gradients)
     scale = _loss_scale(optimizer)
-    if scale is not None:
-      norm = norm / tf.cast(scale, norm.dtype)
+    scale = tf.constant(1.0) if scale is None else tf.cast(scale, norm.dtype)
+    norm = norm / scale
+    clipped = tf.constant(False)
+    if rule.clip_norm:
+      clipped = norm > rule.clip_norm
+      gradients, _ = tf.clip_by_global_norm(gradients, rule.clip_norm * scale,
+                                            use_norm=norm * scale)
+    if rule.rate_variable is not None:
+      rule.rate_variable.assign(rule.rate_base * rule.rate_factor(global_step))
     optimizer.apply(gradients, variables)
+    for average, variable in zip(rule.ema_variables, variables):
+      average.assign(rule.ema_decay * average + (1.0 - rule.ema_decay) * variable)
     global_step.assign_add(1)
-    return norm
+    return norm, clipped
 
   @tf.function
   def train_loop(iterator, num_steps):
     strategy.run(totals.reset)
     strategy.run(ledger.reset)
     norm, all_finite = tf.constant(0.0), tf.constant(True)
+    clipped = tf.constant(0)
     for _ in tf.range(num_steps):
-      norm = train_step(iterator)
+      norm, step_clipped = train_step(iterator)
       all_finite = tf.logical_and(all_finite, tf.math.is_finite(norm))
+      clipped += tf.cast(step_clipped, tf.int32)
     outputs = dict(totals.values(), gradient_norm=norm, step=global_step.read_value(),
                    learning_rate=tf.cast(optimizer.learning_rate, tf.float32),
                    ledger_batches=ledger.batches.read_value(),
-                   ledger_examples=ledger.examples.read_value())
+                   ledger_examples=ledger.examples.read_value(), clipped=clipped)
     # A NaN loss with finite gradients is possible (e.g. inf logits): check both.
     outputs["all_finite"] = tf.logical_and(all_finite,
                                            tf.math.is_finite(outputs["loss"]))
