@@ -102,6 +102,21 @@ def test_changed_data_is_a_mismatch_and_renames_nothing(tmp_path):
   assert resumed["global_step"] == 20 and resumed["replica_batches"]["replica_0"] == 20
 
 
+def test_other_data_of_the_same_shapes_is_refused(tmp_path):
+  model_dir, data = str(tmp_path / "run"), tmp_path / "data.npz"
+  flags = dict(FAST, dataset="npz", data_path=_npz(data, classes=3))
+  trainer.train(Config(model_dir=model_dir, train_steps=10, **flags))
+  rng = np.random.default_rng(1)  # Same shapes and classes, other examples.
+  np.savez(data, x_train=rng.random((64, 6), np.float32),
+           y_train=np.arange(64) % 3, x_test=rng.random((10, 6), np.float32),
+           y_test=np.arange(10) % 3)
+  before = _files(_ckpt_dir(model_dir))
+  with pytest.raises(ModelDirError, match=r"trained on other data \(data_path "
+                     r"differ"):
+    trainer.train(Config(model_dir=model_dir, train_steps=20, **flags))
+  assert _files(_ckpt_dir(model_dir)) == before
+
+
 def test_lost_flags_then_another_model_is_a_mismatch(model_dir):
   trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
   os.remove(os.path.join(model_dir, "flags.txt"))

@@ -25,7 +25,8 @@ FLAGS = ["--dataset=digits", "--model=mlp", "--optimizer=sgd", "--learning_rate=
          "--per_replica_batch_size=16", f"--train_steps={TRAIN_STEPS}",
          "--checkpoint_every=100", "--steps_per_loop=10", "--deterministic",
          "--seed=3", "--cpu_devices=1"]
-CHIEF_FILES = {"checkpoints", "eval", "export", "flags.txt", "results.json", "train"}
+CHIEF_FILES = {"checkpoints", "eval", "export", "export_best", "flags.txt", "results.json",
+               "train"}
 
 
 def launcher_command(model_dir, *extra, num_workers=2):

@@ -136,11 +136,16 @@ def test_ema_weights_are_what_eval_and_export_use(model_dir):
 
 # 5. Best model, 6. early stopping.
 def test_best_checkpoint_survives_rotation_and_export_best_reproduces_it(model_dir):
+  # "Best" = the highest loss, so the best step is an early one that rotation
+  # (--keep_checkpoints=1) removes from checkpoints/ while best/ keeps it.
   results = trainer.train(Config(
       model_dir=model_dir, train_steps=60, mode="train_and_eval", eval_every=10,
       keep_checkpoints=1, checkpoint_every=10, best_metric="eval/loss",
-      **dict(SGD, learning_rate=0.5, summaries=True)))
+      best_goal="max", **dict(SGD, learning_rate=0.5, summaries=True)))
   best = results["best_eval"]
+  assert best["step"] < 60
+  assert not os.path.exists(os.path.join(model_dir, "checkpoints",
+                                         f"ckpt-{best['step']}.index"))
   best_dir = os.path.join(model_dir, "checkpoints", "best")
   assert os.listdir(best_dir) and all(
       n.startswith(f"ckpt-{best['step']}.") for n in os.listdir(best_dir))
@@ -154,7 +159,7 @@ def test_best_checkpoint_survives_rotation_and_export_best_reproduces_it(model_d
   assert best["loss"] == pytest.approx(float(np.mean(loss)), rel=1e-4)
   evaluations = _scalars(os.path.join(model_dir, "eval"))["loss"]
   assert len(evaluations) == 6
-  assert best["loss"] == pytest.approx(min(v for _, v in evaluations), rel=1e-6)
+  assert best["loss"] == pytest.approx(max(v for _, v in evaluations), rel=1e-6)
 
 
 def test_early_stopping_stops_at_the_evaluation_and_exits_0(model_dir):
@@ -193,6 +198,17 @@ def test_warm_start_restores_what_fits_and_names_the_rest(tmp_path, capsys):
   np.testing.assert_array_equal(start.get_tensor(key), source[key])
   tuned = checkpoint_values(os.path.join(tuned_dir, "checkpoints"))
   assert int(tuned["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == 5
+
+
+def test_warm_start_refuses_a_checkpoint_where_nothing_fits(tmp_path):
+  source_dir = str(tmp_path / "cnn")
+  trainer.train(Config(model_dir=source_dir, train_steps=2, **dict(SGD, model="cnn")))
+  target = str(tmp_path / "mlp")
+  with pytest.raises(ConfigError, match=r"--init_checkpoint=.*: none of its 6 model "
+                     r"weights fit the model being built"):
+    trainer.train(Config(model_dir=target, train_steps=2, init_checkpoint=source_dir,
+                         **SGD))
+  assert not os.path.exists(target)
 
 
 # 8. Profiler.
@@ -263,6 +279,9 @@ def test_resume_is_bit_exact_with_every_option_on(tmp_path):
     (["--max_time=soon"], "--max_time=soon: must be a positive duration"),
     (["--lr_schedule=step"], "--lr_schedule=step needs --lr_boundaries"),
     (["--profile_steps=9,3"], "--profile_steps=9,3: must be A,B with 1 <= A <= B"),
+    (["--profile_steps=5,50"], "<= --train_steps"),
+    (["--early_stopping_patience=3"], "--early_stopping_patience=3: needs "
+     "evaluations: --mode=train_and_eval and --eval_every=N"),
 ])
 def test_bad_option_values_are_one_line_and_write_nothing(model_dir, args, fragment):
   process = run_cli(f"--model_dir={model_dir}", "--train_steps=20", *args)

@@ -235,9 +235,14 @@ class Config:
     if self.max_time is not None:
       parse_duration(self.max_time, flag="--max_time")
     if self.profile_steps and (len(self.profile_steps) != 2 or
-                               not 1 <= self.profile_steps[0] <= self.profile_steps[1]):
+                               not 1 <= self.profile_steps[0] <= self.profile_steps[1]
+                               or self.profile_steps[1] > self.train_steps):
       raise ConfigError(f"--profile_steps={_flag_value(self.profile_steps)}: must be "
-                        "A,B with 1 <= A <= B, e.g. 10,20")
+                        "A,B with 1 <= A <= B <= --train_steps, e.g. 10,20")
+    if self.early_stopping_patience and not (self.mode == "train_and_eval" and
+                                             self.eval_every):
+      raise ConfigError(f"--early_stopping_patience={self.early_stopping_patience}: "
+                        "needs evaluations: --mode=train_and_eval and --eval_every=N")
     if self.best_metric is not None and not self.best_metric.startswith("eval/"):
       raise ConfigError(f"--best_metric={self.best_metric}: must be eval/NAME, e.g. "
                         "eval/loss")

@@ -117,10 +117,12 @@ class Results:
         f"replica_{i}": int(n) for i, n in enumerate(ledger.total_examples)}
     if self._intervals:
       steps, seconds = (sum(column) for column in zip(*self._intervals))
+      # An update trains on --grad_accum_steps global batches.
+      per_step = state.global_batch_size * state.config.grad_accum_steps
       self.data["steps_per_second"] = steps / seconds
-      self.data["examples_per_second"] = steps / seconds * state.global_batch_size
+      self.data["examples_per_second"] = steps / seconds * per_step
       self.data["examples_per_second_median"] = statistics.median(
-          n / t * state.global_batch_size for n, t in self._intervals)
+          n / t * per_step for n, t in self._intervals)
       self.data["timed_loop_calls"] = len(self._intervals)
     self.data["peak_rss_mib"] = round(peak_rss_mib(), 1)
     if state.is_chief:

@@ -185,11 +185,14 @@ class Evaluator:
         "evals_without_improvement", 0) >= patience
 
   def __call__(self, call: LoopCall):
-    """As an action: every --eval_every steps with --mode=train_and_eval."""
+    """As an action: every --eval_every steps and at --train_steps, with
+    --mode=train_and_eval (so the final checkpoint's record holds the final
+    evaluation)."""
     state = self._state
     config = state.config
-    if (config.mode == "train_and_eval" and config.eval_every and
-        call.step % config.eval_every == 0):
+    if config.mode == "train_and_eval" and (
+        call.step >= config.train_steps or
+        (config.eval_every and call.step % config.eval_every == 0)):
       self.evaluate()
       if self.should_stop_early():
         state.save_checkpoint()
@@ -215,6 +218,13 @@ class Profiler:
     tf.profiler.experimental.start(os.path.join(self._state.config.model_dir, "train"))
     self._active = True
 
+  def close(self):
+    """Stops a trace still recording (the run ended inside the window)."""
+    if self._active:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf.profiler.experimental.stop()
+      self._active = False
+
   def before_training(self):
     if self._window and self._state.is_chief and self._state.step == self._window[0] - 1:
       self._start()
@@ -223,9 +233,7 @@ class Profiler:
     if not self._window or not self._state.is_chief:
       return
     if self._active and call.step >= self._window[1]:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      tf.profiler.experimental.stop()
-      self._active = False
+      self.close()
     elif not self._active and call.step == self._window[0] - 1:
       self._start()
 

@@ -82,10 +82,14 @@ class Checkpoints:
     """
     self.directory = os.path.join(model_dir, CHECKPOINT_SUBDIR)
     self._model = model
-    self.checkpoint = tf.train.Checkpoint(model=model_variables(model),
-                                          optimizer=optimizer,
-                                          global_step=global_step,
-                                          rng=rng_states(model), **(extra or {}))
+    core = dict(model=model_variables(model), optimizer=optimizer,
+                global_step=global_step, rng=rng_states(model))
+    self.checkpoint = tf.train.Checkpoint(**core, **(extra or {}))
+    # Restored separately: every core object must be in a checkpoint, while the
+    # extras (the run record, averages, a task's state) may be absent from one
+    # written before they existed.
+    self._core = tf.train.Checkpoint(**core)
+    self._extra = tf.train.Checkpoint(**(extra or {}))
     self._global_step = global_step
     self._keep = keep
     self._scratch = scratch
@@ -168,19 +172,21 @@ class Checkpoints:
       path = self._path(steps[index])
       try:
         self.check_fits(path)
-        status = self.checkpoint.restore(path)
-        status.assert_existing_objects_matched()
+        self._core.restore(path).assert_existing_objects_matched()
+        self._extra.restore(path).expect_partial()
       except tf.errors.NotFoundError:
         if not os.path.exists(path + ".index"):
           raise _Vanished() from None
         self._unreadable(path, "NotFoundError")  # Its data file is missing.
         continue
-      except AssertionError as e:
+      except (AssertionError, ValueError) as e:
+        # Unmatched objects or a shape that differs: a checkpoint of another
+        # configuration, not a damaged one. Nothing is renamed.
         raise ModelDirError(f"checkpoint {path} does not fit the model being built "
                             f"({str(e).splitlines()[0][:200]}). The run was made "
                             "with other flags; use those, or a new --model_dir"
                             ) from None
-      except (tf.errors.OpError, ValueError, IndexError) as e:
+      except (tf.errors.OpError, IndexError) as e:
         # IndexError: a truncated data file ("Read less bytes than requested").
         self._unreadable(path, type(e).__name__)
         continue

@@ -79,7 +79,7 @@ def evaluate_checkpoint(config: config_lib.Config, task: Task = None) -> dict:
   state = build_state(config, task, found.strategy, train_data=found.train_data,
                       eval_data=found.eval_data, is_chief=found.is_chief,
                       read_only=True)
-  step = state.restore_checkpoint()
+  step = state.restore_checkpoint(check_data=False)
   if step is None:
     raise ModelDirError(f"--model_dir={config.model_dir}: no checkpoint to evaluate")
   metrics = evaluate_once(state)

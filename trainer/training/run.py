@@ -7,6 +7,7 @@ directory, the latest checkpoint is restored, the controller trains to
 export and results.json.
 """
 
+import contextlib
 import os
 import time
 
@@ -14,7 +15,7 @@ import tensorflow as tf
 
 from trainer import data, interrupts, tasks
 from trainer.config import Config
-from trainer.errors import ConfigError, TaskError
+from trainer.errors import ConfigError, ModelDirError, TaskError, TrainerError
 from trainer.interrupts import stop_on_signals
 from trainer.outputs import run_dir
 from trainer.outputs.export import check_serving_signature, export_saved_model
@@ -74,13 +75,22 @@ def train(config: Config, task: Task) -> dict:
     export_dir = config.export_dir or os.path.join(config.model_dir, "export")
     if config.init_checkpoint and not state.checkpoints.exists():
       _warm_start(state)  # Before MODEL_DIR is touched: a bad one writes nothing.
-    if found.is_chief:
-      check_serving_signature(task, data.feature_spec(state.train_data))
-      run_dir.check_writable_target(export_dir, flag="--export_dir")
-      run_dir.ensure_writable(config.model_dir)
-    else:
-      return _train_in_dir(state, best, stop_request, export_dir)
-    with run_dir.locked(config.model_dir):
+    check_serving_signature(task, data.feature_spec(state.train_data))
+    with contextlib.ExitStack() as claimed:
+      refusal = None
+      if found.is_chief:
+        try:
+          run_dir.check_writable_target(export_dir, flag="--export_dir")
+          run_dir.ensure_writable(config.model_dir)
+          claimed.enter_context(run_dir.locked(config.model_dir))
+        except TrainerError as e:
+          refusal = e
+      # Every worker learns whether the chief could claim the directory: a worker
+      # going on alone would wait forever in the first collective.
+      if state.stop_vote(refusal is not None):
+        raise refusal or ModelDirError(
+            f"--model_dir={config.model_dir}: the chief could not use it (its "
+            "error says why)")
       return _train_in_dir(state, best, stop_request, export_dir)
 
 
@@ -123,7 +133,8 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
   progress = Progress(total_steps=config.train_steps,
                       enabled=is_chief and config.summaries, speak=is_chief)
   restored = state.restore_checkpoint()
-  if _finished_before(state, results, restored):
+  # Decided together: a worker that cannot see the export would otherwise go on.
+  if state.stop_vote(_finished_before(state, results, restored)):
     progress.say(f"model_dir {config.model_dir}: already completed at step "
                  f"{state.step} >= --train_steps={config.train_steps}; nothing to "
                  "train, nothing changed")
@@ -176,6 +187,7 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
           actions.stop_vote(state, stop_request, progress),
           actions.time_limit(state, progress, started=time.monotonic()),
       ]).train()
+    profiler.close()
     if status not in ("completed", "early_stopped"):
       return results.finish(status)
     if config.mode == "train_and_eval" and results.eval_step != state.step:
@@ -190,6 +202,7 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
         return results.finish("interrupted")
     return results.finish(status)
   finally:
+    profiler.close()
     summaries.close()
     state.checkpoints.close()
 
@@ -198,6 +211,7 @@ def _warm_start(state: RunState):
   """--init_checkpoint: the model's weights that fit, before step 0."""
   path = find_checkpoint(state.config.init_checkpoint)
   restored, skipped = warm_start(state.model, path)
+  state.reset_averages()  # Average from the warm weights, not the random ones.
   if state.is_chief:
     print(f"warm start from {path}: restored {len(restored)} of "
           f"{len(restored) + len(skipped)} model weights" +

@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 
@@ -10,8 +11,9 @@ import numpy as np
 import keras
 import tensorflow as tf
 
+from trainer import data
 from trainer.config import Config
-from trainer.errors import TaskError
+from trainer.errors import ModelDirError, TaskError
 from trainer.tasks import Task
 from trainer.tasks.base import METRIC_NAME
 from trainer.training import ledger, schedules, steps
@@ -20,6 +22,7 @@ from trainer.training.checkpoints import CHECKPOINT_SUBDIR, Checkpoints
 from trainer.training.optimizers import build_optimizer
 
 _RESERVED = ("loss", "examples")
+_FINGERPRINT_BYTES = 64 * 2**20  # Enough to tell data sets apart, fast to read.
 
 
 class RunRecord:
@@ -62,6 +65,7 @@ class RunState:
   record: RunRecord
   base_learning_rate: float  # The optimizer's rate as built (from the flags).
   rule: steps.UpdateRule  # Accumulation, clipping, schedule, EMA.
+  data_identity: dict  # What the training data is (see data_identity()).
   train_ledger: ledger.ReplicaLedger
   eval_ledger: ledger.ReplicaLedger
   train_totals: ledger.Totals
@@ -87,6 +91,12 @@ class RunState:
     if self.rule.rate_base is not None:
       self.rule.rate_base.assign(value)
 
+  def reset_averages(self):
+    """Starts the moving averages from the current weights."""
+    for average, variable in zip(self.rule.ema_variables,
+                                 self.model.trainable_variables):
+      average.assign(variable)
+
   @contextlib.contextmanager
   def evaluated_weights(self):
     """The weights to evaluate and export: the moving averages with --ema_decay and
@@ -109,6 +119,7 @@ class RunState:
     self.record.data["ledger_batches"] = self.train_ledger.total_batches.tolist()
     self.record.data["ledger_examples"] = self.train_ledger.total_examples.tolist()
     self.record.data["base_learning_rate"] = self.base_learning_rate
+    self.record.data["data"] = self.data_identity
     self.record.store()
     return self.checkpoints.save()
 
@@ -133,17 +144,33 @@ class RunState:
     self.record.store()
     return self.checkpoints.save_best()
 
-  def restore_checkpoint(self):
+  def restore_checkpoint(self, *, check_data: bool = True):
     """Restores the newest readable checkpoint and its run record.
+
+    Args:
+      check_data: refuse a checkpoint trained on other data (training does;
+        an evaluation of the run's flags may read whatever data they name now).
 
     Returns:
       The restored step, or None if there was none.
+
+    Raises:
+      ModelDirError: the checkpoint was trained on data of another identity.
     """
     step = self.checkpoints.restore_latest()
     if step is None:
       self.record.data.clear()
     else:
       self.record.load()
+      recorded = self.record.data.get("data")
+      if check_data and recorded and recorded != self.data_identity:
+        changed = sorted(k for k in set(recorded) | set(self.data_identity)
+                         if recorded.get(k) != self.data_identity.get(k))
+        raise ModelDirError(
+            f"--model_dir={self.config.model_dir}: its checkpoint was trained on "
+            f"other data ({', '.join(changed)} differ: "
+            f"{recorded.get(changed[0])} then, {self.data_identity.get(changed[0])} "
+            "now); use the run's data or a new --model_dir")
     for name in ("batches", "examples"):
       totals = self.record.data.get(f"ledger_{name}")
       if totals is not None and len(totals) == self.num_replicas:
@@ -185,6 +212,22 @@ def _probe(task: Task, model, train_data, size: int) -> tuple:
                       f"for a batch of {batch}, got shape {shape}")
   reported = task.finalize_metrics({"loss": 1.0, **{name: 1.0 for name in metrics}})
   return tuple(metrics), tuple(reported)
+
+
+def data_identity(config: Config, train_data) -> dict:
+  """What the training data is, recorded in the checkpoint and checked on resume:
+  its features' shapes and types, its size (arrays) and a fingerprint of
+  --data_path, so a data set changed under the same flags is refused."""
+  identity = {"features": str(data.feature_spec(train_data))}
+  if isinstance(train_data, data.ArrayData):
+    identity["examples"] = train_data.num_examples
+  if config.data_path:
+    digest = hashlib.sha256()
+    with open(config.data_path, "rb") as f:
+      digest.update(f.read(_FINGERPRINT_BYTES))
+    identity["data_path"] = (f"{os.path.getsize(config.data_path)} bytes, sha256 "
+                             f"{digest.hexdigest()[:16]}")
+  return identity
 
 
 def _scratch_dir(config: Config, strategy, is_chief: bool):
@@ -265,6 +308,7 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                   metric_names=metric_names, reported_metrics=reported_metrics,
                   checkpoints=checkpoints, record=record,
                   base_learning_rate=_learning_rate(optimizer), rule=rule,
+                  data_identity=data_identity(config, train_data),
                   train_ledger=train_ledger, eval_ledger=eval_ledger,
                   train_totals=train_totals, eval_totals=eval_totals,
                   train_loop=train_loop, eval_loop=eval_loop,
