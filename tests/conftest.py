@@ -5,6 +5,7 @@ In-process tests build strategies over the first N of them (the same way
 determinism, several workers) go through `run_cli` in a subprocess.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -44,6 +45,39 @@ def checkpoint_values(checkpoint_dir):
   return {name: np.asarray(reader.get_tensor(name))  # The run record is bytes.
           for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(
               checkpoint_dir)) if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+
+
+def float_values(model_dir):
+  """The floating-point variables of a run's latest checkpoint."""
+  return {k: v for k, v in checkpoint_values(f"{model_dir}/checkpoints").items()
+          if v.dtype.kind == "f"}
+
+
+def assert_bit_identical(run_a, run_b) -> dict:
+  """Asserts two runs' latest checkpoints hold the same variables, bit for bit
+  (but the save counter); returns run_a's values."""
+  a = checkpoint_values(os.path.join(run_a, "checkpoints"))
+  b = checkpoint_values(os.path.join(run_b, "checkpoints"))
+  assert a.keys() == b.keys()
+  for key in set(a) - {"save_counter/.ATTRIBUTES/VARIABLE_VALUE"}:
+    assert np.array_equal(a[key], b[key]), key
+  return a
+
+
+def read_results(model_dir) -> dict:
+  with open(os.path.join(model_dir, "results.json")) as f:
+    return json.load(f)
+
+
+def read_scalars(directory) -> dict:
+  """{tag: [(step, value)]} of the event files in `directory`, none dropped."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  accumulator = event_accumulator.EventAccumulator(
+      directory, size_guidance={event_accumulator.TENSORS: 0})
+  accumulator.Reload()
+  return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto)))
+                for e in accumulator.Tensors(tag)]
+          for tag in accumulator.Tags()["tensors"] if tag != "flags"}
 
 
 @pytest.fixture

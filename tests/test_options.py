@@ -2,38 +2,25 @@
 stopping, warm start, profiler and time budget."""
 
 import glob
-import json
 import math
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorboard.backend.event_processing import event_accumulator
 
 import trainer
 from trainer.config import Config, parse_duration
 from trainer.errors import ConfigError
 from trainer.training import schedules
 
-from conftest import checkpoint_values, run_cli
+from conftest import (assert_bit_identical, checkpoint_values, read_results,
+                       read_scalars, run_cli)
 
 SGD = dict(dataset="digits", model="mlp", optimizer="sgd", learning_rate=0.1,
            per_replica_batch_size=8, summaries=False)
 
 
-def _results(model_dir):
-  with open(os.path.join(model_dir, "results.json")) as f:
-    return json.load(f)
-
-
-def _scalars(directory):
-  accumulator = event_accumulator.EventAccumulator(
-      directory, size_guidance={event_accumulator.TENSORS: 0})
-  accumulator.Reload()
-  return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto)))
-                for e in accumulator.Tensors(tag)]
-          for tag in accumulator.Tags()["tensors"] if tag != "flags"}
 
 
 def _model_weights(model_dir):
@@ -70,7 +57,7 @@ def test_the_summary_is_the_rate_applied_at_each_step(model_dir):
   trainer.train(Config(model_dir=model_dir, train_steps=40, steps_per_loop=1,
                        lr_schedule="cosine", warmup_steps=5, min_learning_rate=0.01,
                        **dict(SGD, summaries=True)))
-  rates = dict(_scalars(os.path.join(model_dir, "train"))["learning_rate"])
+  rates = dict(read_scalars(os.path.join(model_dir, "train"))["learning_rate"])
   for step in (1, 3, 5, 6, 20, 40):  # The call ending at `step` ran step - 1.
     expected = 0.1 * _factor(step - 1, schedule="cosine", warmup_steps=5,
                              decay_steps=40, min_ratio=0.1)
@@ -89,7 +76,7 @@ def test_clipping_bounds_the_update_and_is_counted(model_dir):
   change = math.sqrt(sum(float(np.sum((last.get_tensor(k) - first.get_tensor(k)) ** 2))
                          for k in keys))
   assert change == pytest.approx(0.01, rel=1e-3)  # lr 1 x the clipped norm.
-  scalars = _scalars(os.path.join(model_dir, "train"))
+  scalars = read_scalars(os.path.join(model_dir, "train"))
   assert scalars["clipped_fraction"] == [(1, 1.0)]
   assert scalars["gradient_norm"][0][1] > 0.01  # The norm before clipping.
 
@@ -157,7 +144,7 @@ def test_best_checkpoint_survives_rotation_and_export_best_reproduces_it(model_d
   loss = tf.keras.losses.sparse_categorical_crossentropy(source.y_test, logits,
                                                          from_logits=True)
   assert best["loss"] == pytest.approx(float(np.mean(loss)), rel=1e-4)
-  evaluations = _scalars(os.path.join(model_dir, "eval"))["loss"]
+  evaluations = read_scalars(os.path.join(model_dir, "eval"))["loss"]
   assert len(evaluations) == 6
   assert best["loss"] == pytest.approx(max(v for _, v in evaluations), rel=1e-6)
 
@@ -170,7 +157,7 @@ def test_early_stopping_stops_at_the_evaluation_and_exits_0(model_dir):
   process = run_cli(*args)
   assert process.returncode == 0, process.stderr
   assert "early stop at step 30" in process.stdout
-  results = _results(model_dir)
+  results = read_results(model_dir)
   assert results["status"] == "early_stopped" and results["global_step"] == 30
   assert os.path.isdir(os.path.join(model_dir, "export"))
   again = run_cli(*args)
@@ -225,13 +212,13 @@ def test_max_time_stops_with_a_checkpoint_and_a_rerun_resumes(model_dir):
           "--steps_per_loop=50", "--checkpoint_every=100000"]
   process = run_cli(*args, "--train_steps=1000000", "--max_time=2s")
   assert process.returncode == 0, process.stderr
-  results = _results(model_dir)
+  results = read_results(model_dir)
   assert results["status"] == "time_limit" and results["global_step"] % 50 == 0
   step = results["global_step"]
   assert os.path.exists(os.path.join(model_dir, "checkpoints", f"ckpt-{step}.index"))
   resumed = run_cli(*args, f"--train_steps={step + 50}", "--max_time=1h")
   assert resumed.returncode == 0 and f"resuming at step {step}" in resumed.stdout
-  assert _results(model_dir)["status"] == "completed"
+  assert read_results(model_dir)["status"] == "completed"
 
 
 def test_durations_parse():
@@ -258,11 +245,8 @@ def test_resume_is_bit_exact_with_every_option_on(tmp_path):
   assert run_cli(f"--model_dir={split}", "--train_steps=15", *args).returncode == 0
   resumed = run_cli(f"--model_dir={split}", "--train_steps=30", *args)
   assert resumed.returncode == 0 and "resuming at step 15" in resumed.stdout
-  a = checkpoint_values(os.path.join(straight, "checkpoints"))
-  b = checkpoint_values(os.path.join(split, "checkpoints"))
-  assert a.keys() == b.keys() and any(k.startswith("ema/") for k in a)
-  for key in set(a) - {"save_counter/.ATTRIBUTES/VARIABLE_VALUE"}:
-    assert np.array_equal(a[key], b[key]), key
+  a = assert_bit_identical(straight, split)
+  assert any(k.startswith("ema/") for k in a)
 
 
 @pytest.mark.parametrize("args, fragment", [

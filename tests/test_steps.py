@@ -15,15 +15,11 @@ from trainer.training.controller import train_iterator
 from trainer.training.setup import setup
 from trainer.training.state import build_state
 
-from conftest import checkpoint_values
+from conftest import float_values
 
 SGD_MLP = dict(dataset="digits", model="mlp", optimizer="sgd", learning_rate=0.5,
                train_steps=10, summaries=False)
 
-
-def _float_values(model_dir):
-  values = checkpoint_values(f"{model_dir}/checkpoints")
-  return {k: v for k, v in values.items() if v.dtype.kind == "f"}
 
 
 def test_four_replicas_match_one_device(tmp_path):
@@ -33,7 +29,7 @@ def test_four_replicas_match_one_device(tmp_path):
                              per_replica_batch_size=32, **SGD_MLP))
   assert four["num_replicas"] == 4 and one["num_replicas"] == 1
   assert four["global_batch_size"] == one["global_batch_size"] == 32
-  a, b = _float_values(tmp_path / "four"), _float_values(tmp_path / "one")
+  a, b = float_values(tmp_path / "four"), float_values(tmp_path / "one")
   assert a.keys() == b.keys()
   assert sum(k.startswith("model/") for k in a) == 4  # Two dense layers.
   for key in a:

@@ -1,13 +1,11 @@
 """The Task API: user tasks from the command line and from Python, the regression
 task, tf.data tasks, and every guarantee held for a task that is not the default."""
 
-import json
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorboard.backend.event_processing import event_accumulator
 
 import trainer
 from trainer.config import Config
@@ -16,7 +14,8 @@ from trainer.outputs import progress
 from trainer.tasks import regression
 
 import user_tasks
-from conftest import REPO, checkpoint_values, cli_env, run_cli
+from conftest import (REPO, assert_bit_identical, cli_env, float_values, read_results,
+                       read_scalars, run_cli)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -25,18 +24,6 @@ def _user_env():
   return cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
 
 
-def _results(model_dir):
-  with open(os.path.join(model_dir, "results.json")) as f:
-    return json.load(f)
-
-
-def _tags(directory):
-  accumulator = event_accumulator.EventAccumulator(
-      directory, size_guidance={event_accumulator.TENSORS: 0})
-  accumulator.Reload()
-  return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto)))
-                for e in accumulator.Tensors(tag)]
-          for tag in accumulator.Tags()["tensors"] if tag != "flags"}
 
 
 def _assert_one_line_error(process, fragment):
@@ -60,12 +47,12 @@ def test_user_task_from_the_command_line_trains_evaluates_and_exports(model_dir)
   assert step_lines and "  mae " in step_lines[0] and "accuracy" not in process.stdout
   assert progress.parse_line(step_lines[0]).keys() == {"step", "train/loss",
                                                        "train/mae"}
-  results = _results(model_dir)
+  results = read_results(model_dir)
   assert set(results["train"]) == {"loss", "mae", "step"}
   assert results["eval"]["examples"] == 77 and "mae" in results["eval"]
   assert results["best_metric"] == "eval/loss"
-  assert {"mae", "loss"} <= _tags(os.path.join(model_dir, "train")).keys()
-  assert [s for s, _ in _tags(os.path.join(model_dir, "eval"))["mae"]] == [10, 20, 30]
+  assert {"mae", "loss"} <= read_scalars(os.path.join(model_dir, "train")).keys()
+  assert [s for s, _ in read_scalars(os.path.join(model_dir, "eval"))["mae"]] == [10, 20, 30]
   flags_txt = open(os.path.join(model_dir, "flags.txt")).read()
   assert "--task=user_tasks:Quadratic\n" in flags_txt
   assert "--task.hidden=8\n" in flags_txt and "--task.delta=1.0\n" in flags_txt
@@ -119,10 +106,6 @@ SGD = dict(optimizer="sgd", learning_rate=0.05, train_steps=12, summaries=False,
            task="regression")
 
 
-def _float_values(model_dir):
-  return {k: v for k, v in checkpoint_values(f"{model_dir}/checkpoints").items()
-          if v.dtype.kind == "f"}
-
 
 def test_regression_two_replicas_match_one_device(tmp_path):
   two = trainer.train(Config(model_dir=str(tmp_path / "two"), cpu_devices=2,
@@ -130,7 +113,7 @@ def test_regression_two_replicas_match_one_device(tmp_path):
   one = trainer.train(Config(model_dir=str(tmp_path / "one"), strategy="one_device",
                              per_replica_batch_size=32, **SGD))
   assert two["num_replicas"] == 2 and one["global_batch_size"] == 32
-  a, b = _float_values(tmp_path / "two"), _float_values(tmp_path / "one")
+  a, b = float_values(tmp_path / "two"), float_values(tmp_path / "one")
   assert a.keys() == b.keys() and sum(k.startswith("model/") for k in a) == 6
   for key in a:
     np.testing.assert_allclose(a[key], b[key], atol=1e-5, err_msg=key)
@@ -152,7 +135,7 @@ def test_regression_eval_counts_each_example_once_in_target_units(model_dir):
   assert results["eval"]["rmse"] == pytest.approx(
       float(np.sqrt(np.mean((predictions - target) ** 2))), rel=1e-4)
   # --best_metric=eval/mae is minimised (regression's metric goals).
-  maes = [v for _, v in _tags(os.path.join(model_dir, "eval"))["mae"]]
+  maes = [v for _, v in read_scalars(os.path.join(model_dir, "eval"))["mae"]]
   assert len(maes) == 3
   assert results["best_eval"]["mae"] == pytest.approx(min(maes), rel=1e-6)
 
@@ -175,11 +158,7 @@ def test_resume_is_bit_exact_for_other_tasks(tmp_path, task, extra):
                  env=env).returncode == 0
   resumed = run_cli(f"--model_dir={split}", "--train_steps=30", *args, env=env)
   assert resumed.returncode == 0 and "resuming at step 15" in resumed.stdout
-  a = checkpoint_values(os.path.join(straight, "checkpoints"))
-  b = checkpoint_values(os.path.join(split, "checkpoints"))
-  assert a.keys() == b.keys()
-  for key in set(a) - {"save_counter/.ATTRIBUTES/VARIABLE_VALUE"}:
-    assert np.array_equal(a[key], b[key]), key
+  assert_bit_identical(straight, split)
 
 
 def test_stream_task_counts_a_generator_split_and_exports_dict_inputs(model_dir):
@@ -202,7 +181,7 @@ def test_classification_default_numbers_are_unchanged(model_dir):
   process = run_cli("--flagfile=flags/quickstart.flags", "--deterministic",
                     f"--model_dir={model_dir}")
   assert process.returncode == 0, process.stderr
-  results = _results(model_dir)
+  results = read_results(model_dir)
   assert results["train"] == pytest.approx(
       {"loss": 0.045057001113891604, "accuracy": 0.98890625, "step": 300}, rel=1e-6)
   assert results["eval"] == pytest.approx(
@@ -233,7 +212,7 @@ def test_readme_example_task_is_the_shipped_file_and_runs(model_dir):
                     "--train_steps=20", f"--model_dir={model_dir}",
                     env=cli_env(PYTHONPATH=os.path.join(REPO, "examples")))
   assert process.returncode == 0, process.stderr
-  assert _results(model_dir)["eval"]["examples"] == 1000
+  assert read_results(model_dir)["eval"]["examples"] == 1000
 
 
 def test_user_task_two_replicas_match_one_device(tmp_path):
@@ -244,7 +223,7 @@ def test_user_task_two_replicas_match_one_device(tmp_path):
   trainer.train(Config(model_dir=str(tmp_path / "one"), strategy="one_device",
                        per_replica_batch_size=32, **sgd),
                 task=user_tasks.Quadratic(hidden=8))
-  a, b = _float_values(tmp_path / "two"), _float_values(tmp_path / "one")
+  a, b = float_values(tmp_path / "two"), float_values(tmp_path / "one")
   assert a.keys() == b.keys() and sum(k.startswith("model/") for k in a) == 4
   for key in a:
     np.testing.assert_allclose(a[key], b[key], atol=1e-5, err_msg=key)

@@ -9,37 +9,23 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorboard.backend.event_processing import event_accumulator
 
 import trainer
 from trainer.config import Config
 from trainer.errors import DivergedError, LockedError, ModelDirError
 
-from conftest import checkpoint_values
+from conftest import checkpoint_values, read_results, read_scalars
 
 FAST = dict(dataset="digits", model="mlp", optimizer="sgd", learning_rate=0.1,
             per_replica_batch_size=8)
 
 
-def _scalars(directory):
-  """{tag: [(step, value)]} of the event files in `directory`, none dropped."""
-  accumulator = event_accumulator.EventAccumulator(
-      directory, size_guidance={event_accumulator.TENSORS: 0})
-  accumulator.Reload()
-  return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto)))
-                for e in accumulator.Tensors(tag)]
-          for tag in accumulator.Tags()["tensors"] if tag != "flags"}
-
-
-def _results(model_dir):
-  with open(os.path.join(model_dir, "results.json")) as f:
-    return json.load(f)
 
 
 def test_summaries_results_and_flags(model_dir):
   results = trainer.train(Config(model_dir=model_dir, cpu_devices=2, train_steps=12,
                                  steps_per_loop=4, checkpoint_every=8, **FAST))
-  scalars = _scalars(os.path.join(model_dir, "train"))
+  scalars = read_scalars(os.path.join(model_dir, "train"))
   expected_tags = {"loss", "accuracy", "learning_rate", "gradient_norm",
                    "examples_per_second", "steps_per_second",
                    "replica_batches/replica_0", "replica_batches/replica_1"}
@@ -48,7 +34,7 @@ def test_summaries_results_and_flags(model_dir):
   assert [step for step, _ in scalars["loss"]] == [4, 8, 12]
   assert scalars["replica_batches/replica_1"] == [(4, 4.0), (8, 8.0), (12, 12.0)]
   assert scalars["learning_rate"][0][1] == pytest.approx(0.1)
-  on_disk = _results(model_dir)
+  on_disk = read_results(model_dir)
   assert on_disk == json.loads(json.dumps(results))
   assert on_disk["status"] == "completed" and on_disk["global_step"] == 12
   assert on_disk["global_batch_size"] == 16 and on_disk["num_replicas"] == 2
@@ -61,7 +47,7 @@ def test_summaries_results_and_flags(model_dir):
 def test_automatic_steps_per_loop_ends_calls_at_every_interval(model_dir):
   trainer.train(Config(model_dir=model_dir, train_steps=100, steps_per_loop=0,
                        summary_every=25, checkpoint_every=40, **FAST))
-  ends = [step for step, _ in _scalars(os.path.join(model_dir, "train"))["loss"]]
+  ends = [step for step, _ in read_scalars(os.path.join(model_dir, "train"))["loss"]]
   # One step (it traces), then ten (measured), then calls sized to ~1 s, which
   # this small model would make far longer than the intervals allow.
   assert ends[:2] == [1, 11]
@@ -87,7 +73,7 @@ def test_eval_counts_every_example_once(tmp_path, replicas):
       mode="train_and_eval", optimizer="sgd", summaries=True))
   assert results["eval"]["examples"] == 70
   assert results["best_eval"]["examples"] == 70
-  eval_scalars = _scalars(str(tmp_path / "run" / "eval"))
+  eval_scalars = read_scalars(str(tmp_path / "run" / "eval"))
   assert [s for s, _ in eval_scalars["accuracy"]] == [2, 4]
   # The padded, distributed eval equals a plain mean over exactly the 70 examples.
   served = tf.saved_model.load(results["export_dir"])
@@ -149,7 +135,7 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(model_dir):
                   steps_per_loop=1, **dict(FAST, learning_rate=1e12))
   with pytest.raises(DivergedError, match=r"non-finite loss or gradients at step \d+"):
     trainer.train(config)
-  results = _results(model_dir)
+  results = read_results(model_dir)
   assert results["status"] == "diverged"
   values = checkpoint_values(os.path.join(model_dir, "checkpoints"))
   assert all(np.isfinite(v).all() for v in values.values() if v.dtype.kind == "f")
