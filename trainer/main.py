@@ -40,6 +40,7 @@ def main(argv):
   try:
     config = config_lib.from_flags()
     tf_loader.load_tensorflow()  # After flag checks, so flag errors come fast.
+    interrupts.refresh()  # TensorFlow's import may have replaced the handlers.
     import trainer  # pylint: disable=g-import-not-at-top
     results = trainer.train(config)
   except TrainerError as e:
