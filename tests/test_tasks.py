@@ -106,7 +106,6 @@ SGD = dict(optimizer="sgd", learning_rate=0.05, train_steps=12, summaries=False,
            task="regression")
 
 
-
 def test_regression_two_replicas_match_one_device(tmp_path):
   two = trainer.train(Config(model_dir=str(tmp_path / "two"), cpu_devices=2,
                              per_replica_batch_size=16, **SGD))

@@ -105,14 +105,10 @@ class RunState:
       yield
       return
     variables = self.model.trainable_variables
-    raw = [tf.identity(v.value) for v in variables]
-    for variable, average in zip(variables, self.rule.ema_variables):
-      variable.assign(average)
-    try:
+    with _values_kept(variables):
+      for variable, average in zip(variables, self.rule.ema_variables):
+        variable.assign(average)
       yield
-    finally:
-      for variable, value in zip(variables, raw):
-        variable.assign(value)
 
   def save_checkpoint(self) -> str:
     """Saves model, optimizer, step, RNGs and the run record at this step."""
@@ -130,14 +126,9 @@ class RunState:
     objects = {"model": checkpoints_lib.model_variables(self.model)}
     if self.rule.ema_variables:
       objects["ema"] = list(self.rule.ema_variables)
-    variables = [v for group in objects.values() for v in group]
-    current = [tf.convert_to_tensor(v) for v in variables]  # Eager reads: copies.
-    tf.train.Checkpoint(**objects).read(path).expect_partial()
-    try:
+    with _values_kept([v for group in objects.values() for v in group]):
+      tf.train.Checkpoint(**objects).read(path).expect_partial()
       yield
-    finally:
-      for variable, value in zip(variables, current):
-        variable.assign(value)
 
   def save_best_checkpoint(self) -> str:
     """Saves this step's state as the best checkpoint (checkpoints/best/)."""
@@ -313,6 +304,17 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                   train_totals=train_totals, eval_totals=eval_totals,
                   train_loop=train_loop, eval_loop=eval_loop,
                   stop_vote=steps.make_stop_vote(strategy))
+
+
+@contextlib.contextmanager
+def _values_kept(variables):
+  """Gives `variables` back the values they have now when the block ends."""
+  kept = [tf.convert_to_tensor(v) for v in variables]  # Eager reads: copies.
+  try:
+    yield
+  finally:
+    for variable, value in zip(variables, kept):
+      variable.assign(value)
 
 
 def _rate_variable(optimizer):
