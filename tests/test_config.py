@@ -71,11 +71,27 @@ def test_from_flags_parses_lists_and_validates():
     config_lib.from_flags(flag_values)
 
 
-def test_layout_flags_cover_model_and_batch():
+def test_layout_flags_cover_the_model_but_not_the_hardware():
   layout = Config().layout_flags()
-  for name in ("dataset", "model", "per_replica_batch_size", "cpu_devices", "optimizer"):
+  for name in ("dataset", "model", "optimizer", "grad_accum_steps", "seed"):
     assert name in layout
-  assert "train_steps" not in layout and "learning_rate" not in layout
+  # An elastic resume may change these (the checkpoint's global batch is checked).
+  for name in ("train_steps", "learning_rate", "per_replica_batch_size",
+               "global_batch_size", "cpu_devices", "gpus", "strategy"):
+    assert name not in layout
+
+
+def test_batch_sizes_from_either_flag():
+  assert Config().batch_sizes(4) == (32, 128)
+  assert Config(per_replica_batch_size=8).batch_sizes(3) == (8, 24)
+  assert Config(global_batch_size=64).batch_sizes(4) == (16, 64)
+  with pytest.raises(ConfigError, match=r"--global_batch_size=64: must be a multiple "
+                     r"of the 3 replicas, e.g. 66"):
+    Config(global_batch_size=64).batch_sizes(3)
+  assert Config(global_batch_size=64).batch_sizes(3, exact=False) == (22, 66)
+  with pytest.raises(ConfigError, match=r"--global_batch_size=64 and "
+                     r"--per_replica_batch_size=8: set one of them"):
+    Config(global_batch_size=64, per_replica_batch_size=8)
 
 
 def test_slurm_cluster_comes_from_slurm_environment(monkeypatch):

@@ -8,6 +8,7 @@ whose worker was killed and the cluster relaunched.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, checkpoint_values, cli_env, run_cli
+from conftest import REPO, checkpoint_values, cli_env, read_results, run_cli
+from test_elastic import assert_close
 
 pytestmark = pytest.mark.slow  # Clusters of processes: about 45 s in all.
 
@@ -110,6 +112,27 @@ def start_launcher(model_dir, *extra, tmpdir, until):
     if re.match(until, line):
       break
   return process, "".join(lines)
+
+
+def test_two_workers_continue_in_one_process(reference_run, tmp_path):
+  """The 2-worker reference run (steps 0-600), cut back to its checkpoint of step
+  500 and continued by one process with 2 replicas, ends where it ended."""
+  reference, _, _ = reference_run
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(reference, model_dir)
+  checkpoints = os.path.join(model_dir, "checkpoints")
+  for name in os.listdir(checkpoints):
+    if name.startswith("ckpt-600"):
+      os.remove(os.path.join(checkpoints, name))
+  flags = [f for f in FLAGS if f != "--cpu_devices=1"]
+  result = run_cli(*flags, "--cpu_devices=2", "--strategy=mirrored",
+                   "--mode=train_and_eval", f"--model_dir={model_dir}")
+  assert result.returncode == 0, result.stderr
+  assert ("at step 500, resuming on 2 replicas (was 2 replicas on 2 workers), global "
+          "batch 32 unchanged") in result.stdout
+  assert_close(reference, model_dir)
+  results = read_results(model_dir)
+  assert results["num_workers"] == 1 and results["global_step"] == 600
 
 
 def test_killed_worker_stops_cluster_and_relaunch_resumes(reference_run, tmp_path):

@@ -193,7 +193,10 @@ def test_layout_change_is_refused_listing_the_flags(model_dir):
     trainer.train(Config(model_dir=model_dir, train_steps=4,
                          **dict(FAST, model="cnn", per_replica_batch_size=4)))
   assert "--model=cnn (the run has mlp)" in str(e.value)
-  assert "--per_replica_batch_size=4 (the run has 8)" in str(e.value)
+  with pytest.raises(ModelDirError) as e:
+    trainer.train(Config(model_dir=model_dir, train_steps=4,
+                         **dict(FAST, per_replica_batch_size=4)))
+  assert "global batch 4 (1 replica(s) x 4; the run has 8)" in str(e.value)
   assert open(os.path.join(model_dir, "flags.txt")).read() == flags_before
 
 

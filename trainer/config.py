@@ -30,6 +30,7 @@ MIXED_PRECISION = ("none", "mixed_bfloat16", "mixed_float16")
 MAX_CPU_DEVICES = 64
 MAX_THREADS = 1024
 MAX_SYNTHETIC_VALUES = 2**28  # 1 GiB of float32.
+DEFAULT_PER_REPLICA_BATCH_SIZE = 32
 
 
 def _field(default, help_text, *, choices=None, lower=None, upper=None, layout=False,
@@ -95,7 +96,7 @@ class Config:
   # Devices and distribution.
   strategy: str = _field("mirrored", "mirrored (every local device), one_device, or "
                          "multi_worker (MultiWorkerMirroredStrategy).",
-                         choices=STRATEGIES, layout=True)
+                         choices=STRATEGIES)
   cluster_resolver: str = _field(
       "tf_config", "Where multi_worker finds the cluster: tf_config (TF_CONFIG) or "
       "slurm.", choices=CLUSTER_RESOLVERS)
@@ -104,19 +105,26 @@ class Config:
       "hierarchical_copy or reduce_to_one_device (mirrored). Alias: --communication.",
       choices=CROSS_DEVICE_OPS)
   cpu_devices: int = _field(1, "Split the CPU into this many logical devices (used "
-                            "when no GPU is visible).", lower=1, upper=MAX_CPU_DEVICES,
-                            layout=True)
+                            "when no GPU is visible).", lower=1, upper=MAX_CPU_DEVICES)
   gpus: Optional[Sequence[int]] = _field(
-      None, "Indices of the GPUs to use, e.g. 0,1. Default: all.", layout=True)
+      None, "Indices of the GPUs to use, e.g. 0,1. Default: all.")
   memory_growth: bool = _field(True, "Let GPU memory grow instead of taking it all.")
   intra_op_threads: int = _field(0, "TensorFlow intra-op threads (0 = TF's default).",
                                  lower=0, upper=MAX_THREADS)
   inter_op_threads: int = _field(0, "TensorFlow inter-op threads (0 = TF's default).",
                                  lower=0, upper=MAX_THREADS)
   # Steps and batches.
-  per_replica_batch_size: int = _field(32, "Examples per replica per step; the global "
-                                       "batch is this times the replica count.",
-                                       lower=1, layout=True)
+  # Not layout flags: a run may resume on other replicas with the same global
+  # batch (the checkpoint's run record holds it; see RunState.resume_changes).
+  per_replica_batch_size: Optional[int] = _field(
+      None, "Examples per replica per step; the global batch is this times the "
+      f"replica count. Default: {DEFAULT_PER_REPLICA_BATCH_SIZE} (unless "
+      "--global_batch_size is set).", lower=1)
+  global_batch_size: Optional[int] = _field(
+      None, "Examples per step over all replicas, instead of "
+      "--per_replica_batch_size: each replica gets this divided by the replica "
+      "count, so a run can resume on other hardware with the same batches.",
+      lower=1)
   train_steps: int = _field(200, "Total training steps (a rerun resumes up to it).",
                             lower=1)
   steps_per_loop: int = _field(0, "Steps per tf.function call (0 = automatic: about "
@@ -213,6 +221,10 @@ class Config:
       object.__setattr__(self, field.name, value)
       _check_field(field, value)
     object.__setattr__(self, "task_params", tuple(tuple(p) for p in self.task_params))
+    if self.per_replica_batch_size and self.global_batch_size:
+      raise ConfigError(f"--global_batch_size={self.global_batch_size} and "
+                        f"--per_replica_batch_size={self.per_replica_batch_size}: "
+                        "set one of them")
     if self.dataset == "npz" and not self.data_path:
       raise ConfigError("--dataset=npz needs --data_path=FILE.npz")
     if self.data_path and not os.path.isfile(self.data_path):
@@ -270,6 +282,27 @@ class Config:
     if self.ema_decay and not 0.0 < self.ema_decay < 1.0:
       raise ConfigError(f"--ema_decay={self.ema_decay}: must be in (0, 1), e.g. 0.999 "
                         "(or 0 for no averaging)")
+
+  def batch_sizes(self, num_replicas: int, *, exact: bool = True) -> tuple:
+    """(per-replica batch, global batch) on `num_replicas` replicas.
+
+    Args:
+      num_replicas: replicas in sync.
+      exact: --global_batch_size must divide evenly (training); otherwise the
+        per-replica batch is rounded up (an evaluation pads its batches anyway).
+
+    Raises:
+      ConfigError: --global_batch_size is not a multiple of the replica count.
+    """
+    if self.global_batch_size is None:
+      per_replica = self.per_replica_batch_size or DEFAULT_PER_REPLICA_BATCH_SIZE
+      return per_replica, per_replica * num_replicas
+    per_replica = -(-self.global_batch_size // num_replicas)
+    if exact and self.global_batch_size % num_replicas:
+      raise ConfigError(
+          f"--global_batch_size={self.global_batch_size}: must be a multiple of the "
+          f"{num_replicas} replicas, e.g. {per_replica * num_replicas}")
+    return per_replica, per_replica * num_replicas
 
   @property
   def max_time_seconds(self) -> Optional[float]:

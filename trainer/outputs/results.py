@@ -57,9 +57,8 @@ class Results:
     self.eval_step = None
     self.data = {
         "num_replicas": state.num_replicas,
-        "num_workers": state.strategy.extended._num_workers  # pylint: disable=protected-access
-        if hasattr(state.strategy.extended, "_num_workers") else 1,
-        "per_replica_batch_size": config.per_replica_batch_size,
+        "num_workers": state.num_workers,
+        "per_replica_batch_size": state.per_replica_batch_size,
         "global_batch_size": state.global_batch_size,
         "train_steps": config.train_steps,
         "model_dir": config.model_dir,
@@ -115,6 +114,8 @@ class Results:
         f"replica_{i}": int(n) for i, n in enumerate(ledger.total_batches)}
     self.data["replica_examples"] = {
         f"replica_{i}": int(n) for i, n in enumerate(ledger.total_examples)}
+    # The ledger of the steps trained on other replica counts (elastic resumes).
+    self.data["ledger_history"] = state.record.data.get("ledger_history", [])
     if self._intervals:
       steps, seconds = (sum(column) for column in zip(*self._intervals))
       # An update trains on --grad_accum_steps global batches.

@@ -136,27 +136,22 @@ def _read_lock(path):
     return None
 
 
-def check_layout(model_dir: str, config: config_lib.Config, task_layout=()):
-  """Refuses flags that change the model or batch layout of an existing run.
+def layout_changes(model_dir: str, config: config_lib.Config, task_layout=()) -> list:
+  """The flags of this invocation that change the model or batch layout of the run
+  in `model_dir` (from its flags.txt), each as "--NAME=NEW (the run has OLD)".
 
   Args:
     model_dir: the run directory.
     config: this invocation's config.
     task_layout: the task's hyperparameters that are part of the layout.
-
-  Raises:
-    ModelDirError: listing each differing flag with the value the run was made with.
   """
   path = os.path.join(model_dir, FLAGS_FILE)
   if not os.path.exists(path):
-    return
+    return []
   recorded = config_lib.read_flagfile(path)
-  differing = [f"--{name}={value} (the run has {recorded[name]})"
-               for name, value in config.layout_flags(task_layout).items()
-               if name in recorded and recorded[name] != value]
-  if differing:
-    raise ModelDirError(f"--model_dir={model_dir} holds a checkpoint made with other "
-                        f"flags: {'; '.join(differing)}. Use a new --model_dir")
+  return [f"--{name}={value} (the run has {recorded[name]})"
+          for name, value in config.layout_flags(task_layout).items()
+          if name in recorded and recorded[name] != value]
 
 
 def write_flags(model_dir: str, config: config_lib.Config):

@@ -31,7 +31,7 @@ def check_ledger(state: RunState):
   def action(call: LoopCall):
     state.train_ledger.check(
         expected_batches=call.num_steps * state.config.grad_accum_steps,
-        per_replica_batch_size=state.config.per_replica_batch_size,
+        per_replica_batch_size=state.per_replica_batch_size,
         counts=(call.outputs["ledger_batches"], call.outputs["ledger_examples"]))
 
   return action

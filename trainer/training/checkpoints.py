@@ -172,7 +172,7 @@ class Checkpoints:
       path = self._path(steps[index])
       try:
         self.check_fits(path)
-        self._core.restore(path).assert_existing_objects_matched()
+        self._core.restore(path).assert_existing_objects_matched().expect_partial()
         self._extra.restore(path).expect_partial()
       except tf.errors.NotFoundError:
         if not os.path.exists(path + ".index"):

@@ -34,7 +34,7 @@ def evaluate_once(state: RunState) -> dict:
   with state.evaluated_weights():  # The moving averages, with --ema_decay.
     call_checked(state.eval_loop, iterator, tf.constant(num_batches))
   state.eval_ledger.check(expected_batches=num_batches,
-                          per_replica_batch_size=state.config.per_replica_batch_size)
+                          per_replica_batch_size=state.per_replica_batch_size)
   totals = state.eval_totals.read()
   examples = totals.pop("examples")
   means = state.task.finalize_metrics({k: v / examples for k, v in totals.items()})
@@ -79,7 +79,7 @@ def evaluate_checkpoint(config: config_lib.Config, task: Task = None) -> dict:
   state = build_state(config, task, found.strategy, train_data=found.train_data,
                       eval_data=found.eval_data, is_chief=found.is_chief,
                       read_only=True)
-  step = state.restore_checkpoint(check_data=False)
+  step = state.restore_checkpoint()
   if step is None:
     raise ModelDirError(f"--model_dir={config.model_dir}: no checkpoint to evaluate")
   metrics = evaluate_once(state)

@@ -105,13 +105,29 @@ def _finished_before(state: RunState, results: Results, restored) -> bool:
           os.path.isdir(previous.get("export_dir") or ""))
 
 
+def _refuse_changes(config: Config, changes: list):
+  """Refuses a checkpoint of another model, batch or data, listing the changes.
+
+  Raises:
+    ModelDirError: quoting each change with the run's value, if there is any.
+  """
+  if changes:
+    raise ModelDirError(
+        f"--model_dir={config.model_dir} holds a checkpoint made with other flags "
+        f"or data: {'; '.join(changes)}. Keep them (another replica count needs the "
+        "same global batch, e.g. --global_batch_size) or use a new --model_dir")
+
+
 def _start_line(state: RunState, restored, nan_policy) -> str:
   config = state.config
+  elastic = restored is not None and state.layout_change_line()
   line = (f"model_dir {config.model_dir}: task {config.task}, "
-          + (f"resuming at step {restored}" if restored is not None
-             else "starting at step 0")
-          + f", {state.num_replicas} replica(s) x {config.per_replica_batch_size} "
-          f"examples = global batch {state.global_batch_size}")
+          + (f"at step {restored}, {elastic}" if elastic else
+             f"resuming at step {restored}, " if restored is not None
+             else "starting at step 0, ")
+          + ("" if elastic else
+             f"{state.num_replicas} replica(s) x {state.per_replica_batch_size} "
+             f"examples = global batch {state.global_batch_size}"))
   rate = state.base_learning_rate
   was = state.record.data.get("base_learning_rate")
   if restored is not None and rate is not None and was is not None and was != rate:
@@ -123,16 +139,17 @@ def _start_line(state: RunState, restored, nan_policy) -> str:
 
 
 def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
-  config, task, is_chief = state.config, state.task, state.is_chief
-  if state.checkpoints.exists():
-    run_dir.check_layout(config.model_dir, config,
-                         tasks.layout_field_names(type(task)))
+  config, is_chief = state.config, state.is_chief
+  if state.checkpoints.exists():  # Before restoring: another model would not fit.
+    _refuse_changes(config, run_dir.layout_changes(
+        config.model_dir, config, tasks.layout_field_names(type(state.task))))
+  restored = state.restore_checkpoint()
+  _refuse_changes(config, state.resume_changes())
   state.checkpoints.clean_leftovers()
   results = Results(config, state, best_metric=best[0], best_goal=best[1])
   summaries = Summaries(config.model_dir, enabled=is_chief and config.summaries)
   progress = Progress(total_steps=config.train_steps,
                       enabled=is_chief and config.summaries, speak=is_chief)
-  restored = state.restore_checkpoint()
   # Decided together: a worker that cannot see the export would otherwise go on.
   if state.stop_vote(_finished_before(state, results, restored)):
     progress.say(f"model_dir {config.model_dir}: already completed at step "

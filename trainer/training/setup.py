@@ -21,10 +21,11 @@ class Setup:
   task: Task
   train_data: object  # data.ArrayData or data.StreamData
   eval_data: object  # the same, or None
+  per_replica_batch_size: int  # From the batch flags and the replica count.
 
   @property
   def global_batch_size(self) -> int:
-    return self.task.config.per_replica_batch_size * self.strategy.num_replicas_in_sync
+    return self.per_replica_batch_size * self.strategy.num_replicas_in_sync
 
 
 def bind(task: Task, config: Config) -> Task:
@@ -41,6 +42,8 @@ def setup(config: Config, task: Task) -> Setup:
   """
   devices.configure_devices(config)
   strategy = devices.make_strategy(config)
+  per_replica, _ = config.batch_sizes(strategy.num_replicas_in_sync,
+                                      exact=config.mode != "eval")
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   bind(task, config)
@@ -52,14 +55,15 @@ def setup(config: Config, task: Task) -> Setup:
     raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
                       "(Task.eval_data() returned None); use --mode=train")
   result = Setup(strategy=strategy, is_chief=devices.is_chief(strategy), task=task,
-                 train_data=train_data, eval_data=eval_data)
+                 train_data=train_data, eval_data=eval_data,
+                 per_replica_batch_size=per_replica)
   if isinstance(train_data, data.ArrayData):
     n, global_batch = train_data.num_examples, result.global_batch_size
     if n < global_batch:
       raise DataError(f"the training set has {n} examples, fewer than one global "
-                      f"batch of {global_batch} (--per_replica_batch_size="
-                      f"{config.per_replica_batch_size} x "
-                      f"{strategy.num_replicas_in_sync} replicas)")
+                      f"batch of {global_batch} ({per_replica} per replica x "
+                      f"{strategy.num_replicas_in_sync} replicas); lower "
+                      "--per_replica_batch_size or --global_batch_size")
   return result
 
 

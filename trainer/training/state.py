@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from trainer import data
 from trainer.config import Config
-from trainer.errors import ModelDirError, TaskError
+from trainer.errors import TaskError
 from trainer.tasks import Task
 from trainer.tasks.base import METRIC_NAME
 from trainer.training import ledger, schedules, steps
@@ -73,14 +73,20 @@ class RunState:
   train_loop: object
   eval_loop: object
   stop_vote: object
+  per_replica_batch_size: int  # From the batch flags and the replica count.
 
   @property
   def num_replicas(self) -> int:
     return self.strategy.num_replicas_in_sync
 
   @property
+  def num_workers(self) -> int:
+    # pylint: disable-next=protected-access
+    return getattr(self.strategy.extended, "_num_workers", 1)
+
+  @property
   def global_batch_size(self) -> int:
-    return self.config.per_replica_batch_size * self.num_replicas
+    return self.per_replica_batch_size * self.num_replicas
 
   @property
   def step(self) -> int:
@@ -112,10 +118,12 @@ class RunState:
 
   def save_checkpoint(self) -> str:
     """Saves model, optimizer, step, RNGs and the run record at this step."""
-    self.record.data["ledger_batches"] = self.train_ledger.total_batches.tolist()
-    self.record.data["ledger_examples"] = self.train_ledger.total_examples.tolist()
-    self.record.data["base_learning_rate"] = self.base_learning_rate
-    self.record.data["data"] = self.data_identity
+    self.record.data.update(
+        ledger_batches=self.train_ledger.total_batches.tolist(),
+        ledger_examples=self.train_ledger.total_examples.tolist(),
+        base_learning_rate=self.base_learning_rate, data=self.data_identity,
+        global_batch_size=self.global_batch_size, num_replicas=self.num_replicas,
+        num_workers=self.num_workers)
     self.record.store()
     return self.checkpoints.save()
 
@@ -135,41 +143,69 @@ class RunState:
     self.record.store()
     return self.checkpoints.save_best()
 
-  def restore_checkpoint(self, *, check_data: bool = True):
+  def restore_checkpoint(self):
     """Restores the newest readable checkpoint and its run record.
-
-    Args:
-      check_data: refuse a checkpoint trained on other data (training does;
-        an evaluation of the run's flags may read whatever data they name now).
 
     Returns:
       The restored step, or None if there was none.
-
-    Raises:
-      ModelDirError: the checkpoint was trained on data of another identity.
     """
     step = self.checkpoints.restore_latest()
     if step is None:
       self.record.data.clear()
     else:
       self.record.load()
-      recorded = self.record.data.get("data")
-      if check_data and recorded and recorded != self.data_identity:
-        changed = sorted(k for k in set(recorded) | set(self.data_identity)
-                         if recorded.get(k) != self.data_identity.get(k))
-        raise ModelDirError(
-            f"--model_dir={self.config.model_dir}: its checkpoint was trained on "
-            f"other data ({', '.join(changed)} differ: "
-            f"{recorded.get(changed[0])} then, {self.data_identity.get(changed[0])} "
-            "now); use the run's data or a new --model_dir")
-    for name in ("batches", "examples"):
-      totals = self.record.data.get(f"ledger_{name}")
-      if totals is not None and len(totals) == self.num_replicas:
-        setattr(self.train_ledger, f"total_{name}", np.array(totals, np.int64))
-      else:
-        setattr(self.train_ledger, f"total_{name}",
-                np.zeros(self.num_replicas, np.int64))
+    self._restore_ledger_totals(step)
     return step
+
+  def _restore_ledger_totals(self, step):
+    """The ledger's totals from the record; on another replica count (an elastic
+    resume) the old totals move to the record's ledger_history."""
+    record = self.record.data
+    totals = [record.get("ledger_batches"), record.get("ledger_examples")]
+    if totals[0] is not None and len(totals[0]) != self.num_replicas:
+      record["ledger_history"] = record.get("ledger_history", []) + [{
+          "until_step": step, "num_replicas": len(totals[0]),
+          "replica_batches": totals[0], "replica_examples": totals[1]}]
+      totals = [None, None]
+    for name, values in zip(("batches", "examples"), totals):
+      setattr(self.train_ledger, f"total_{name}",
+              np.zeros(self.num_replicas, np.int64) if values is None
+              else np.array(values, np.int64))
+
+  def resume_changes(self) -> list:
+    """What makes the restored checkpoint another run than this one: a different
+    global batch (the replica count may change; the batches may not) or other
+    training data. One phrase per change; empty when the run can go on."""
+    record, changes = self.record.data, []
+    was = record.get("global_batch_size")
+    if was is not None and was != self.global_batch_size:
+      changes.append(f"global batch {self.global_batch_size} ({self.num_replicas} "
+                     f"replica(s) x {self.per_replica_batch_size}; the run has {was})")
+    recorded = record.get("data")
+    if recorded and recorded != self.data_identity:
+      changed = sorted(k for k in set(recorded) | set(self.data_identity)
+                       if recorded.get(k) != self.data_identity.get(k))
+      changes.append(f"trained on other data ({', '.join(changed)} differ: "
+                     f"{recorded.get(changed[0])} then, "
+                     f"{self.data_identity.get(changed[0])} now)")
+    return changes
+
+  def layout_change_line(self):
+    """"resuming on 4 replicas (was 2), global batch 64 unchanged" after an
+    elastic resume; None when the replicas and workers are those of the run."""
+    record = self.record.data
+    was = (record.get("num_replicas"), record.get("num_workers", 1))
+    now = (self.num_replicas, self.num_workers)
+    if was[0] is None or was == now:
+      return None
+
+    def where(replicas, workers):
+      return f"{replicas} replicas" + (f" on {workers} workers" if workers > 1 else "")
+
+    before = was[0] if was[1] == now[1] else where(*was)  # "(was 2)" if only replicas.
+    return (f"resuming on {where(*now)} (was {before}), global batch "
+            f"{self.global_batch_size} unchanged ({self.per_replica_batch_size} per "
+            "replica)")
 
 
 def _probe(task: Task, model, train_data, size: int) -> tuple:
@@ -249,6 +285,8 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
     A RunState, with nothing restored yet.
   """
   num_replicas = strategy.num_replicas_in_sync
+  per_replica, global_batch = config.batch_sizes(num_replicas,
+                                                 exact=config.mode != "eval")
   previous_policy = keras.mixed_precision.global_policy()
   if config.mixed_precision != "none":
     keras.mixed_precision.set_global_policy(config.mixed_precision)
@@ -259,8 +297,8 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
       if not isinstance(model, keras.Model):
         raise TaskError(f"Task.build_model() must return a keras.Model, got "
                         f"{type(model).__name__}")
-      metric_names, reported_metrics = _probe(task, model, train_data, min(
-          config.per_replica_batch_size, 8))
+      metric_names, reported_metrics = _probe(task, model, train_data,
+                                              min(per_replica, 8))
       task_items = task.checkpoint_items()
       optimizer = build_optimizer(config, task)
       optimizer.build(model.trainable_variables)
@@ -287,12 +325,11 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
   train_loop = steps.make_train_loop(
       strategy=strategy, task=task, model=model, optimizer=optimizer,
       global_step=global_step, ledger=train_ledger, totals=train_totals,
-      per_replica_batch_size=config.per_replica_batch_size,
-      global_batch_size=config.per_replica_batch_size * num_replicas,
+      per_replica_batch_size=per_replica, global_batch_size=global_batch,
       jit_compile=config.jit_compile, rule=rule)
   eval_loop = steps.make_eval_loop(
       strategy=strategy, task=task, model=model, ledger=eval_ledger,
-      totals=eval_totals, per_replica_batch_size=config.per_replica_batch_size)
+      totals=eval_totals, per_replica_batch_size=per_replica)
   return RunState(config=config, task=task, strategy=strategy, train_data=train_data,
                   eval_data=eval_data, is_chief=is_chief, model=model,
                   optimizer=optimizer, global_step=global_step,
@@ -303,7 +340,8 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                   train_ledger=train_ledger, eval_ledger=eval_ledger,
                   train_totals=train_totals, eval_totals=eval_totals,
                   train_loop=train_loop, eval_loop=eval_loop,
-                  stop_vote=steps.make_stop_vote(strategy))
+                  stop_vote=steps.make_stop_vote(strategy),
+                  per_replica_batch_size=per_replica)
 
 
 @contextlib.contextmanager
