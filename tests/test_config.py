@@ -27,6 +27,9 @@ def test_every_field_is_a_flag_with_help():
     (dict(hparams=("learning_rate", "lr")), "--hparams: unknown flag(s) lr"),
     (dict(synthetic_shape=(28, 0)), "--synthetic_shape=28,0"),
     (dict(strategy="multi_worker"), "--strategy=multi_worker needs --model_dir"),
+    (dict(hang_timeout="soon"), "--hang_timeout=soon: must be a positive duration "
+                                "such as 90m, 2h or 3600s"),
+    (dict(global_batch_size=0), "--global_batch_size=0: must be >= 1"),
 ])
 def test_invalid_values_name_the_flag(changes, message):
   with pytest.raises(ConfigError) as e:

@@ -5,6 +5,7 @@ One uninterrupted 2-worker run (module fixture) is the reference: it must match 
 whose worker was killed and the cluster relaunched.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -158,6 +160,40 @@ def test_killed_worker_stops_cluster_and_relaunch_resumes(reference_run, tmp_pat
   for key in [k for k in reference if k.startswith("model/")]:
     np.testing.assert_array_equal(resumed[key], reference[key], err_msg=key)
 
+
+
+def test_stopped_worker_is_a_hang_the_launcher_names_and_a_relaunch_resumes(tmp_path):
+  """SIGSTOP worker 1 mid-run: the chief's collective fails within --hang_timeout
+  naming the peer and the step (exit 7), the launcher names the stopped worker,
+  and relaunching the same command resumes from the last checkpoint."""
+  model_dir = str(tmp_path / "run")
+  process, output = start_launcher(model_dir, "--train_steps=100000",
+                                   "--hang_timeout=20s", tmpdir=tmp_path,
+                                   until=r"\[worker 0\] step [2-9]\d\d/")
+  try:
+    worker_pid = int(re.search(r"started worker 1 \(pid (\d+)\)", output)[1])
+    os.kill(worker_pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    output += process.stdout.read()
+    assert process.wait(timeout=60) == 7, output[-3000:]
+    assert time.monotonic() - stopped_at < 20 + 10  # The timeout, and a margin.
+  finally:
+    process.kill()
+    with contextlib.suppress(ProcessLookupError):  # The launcher killed it.
+      os.kill(worker_pid, signal.SIGKILL)
+  hang = re.search(r"\[worker 0\] error: hang on worker-0: .* at step \d+ failed in a "
+                   r"collective waiting for worker 1 .*; last completed step (\d+)",
+                   output)
+  assert hang, output[-3000:]
+  assert (f"worker 1 (pid {worker_pid}) is stopped (process state T): it is the "
+          "worker the others hung waiting for") in output
+  assert os.path.exists(os.path.join(model_dir, "hang-worker-0.txt"))
+  results = read_results(model_dir)
+  assert results["status"] == "hung" and results["global_step"] == int(hang[1])
+  relaunched = launch(model_dir, f"--train_steps={int(hang[1]) + 20}", tmpdir=tmp_path)
+  assert relaunched.returncode == 0, relaunched.stdout[-3000:]
+  assert re.search(r"resuming at step [1-9]\d*", relaunched.stdout)
+  assert read_results(model_dir)["status"] == "completed"
 
 def test_sigterm_to_launcher_stops_every_worker_at_one_step(tmp_path):
   model_dir = str(tmp_path / "run")

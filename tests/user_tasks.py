@@ -111,3 +111,25 @@ class SlowFinish(Quadratic):
     print("export running", flush=True)
     time.sleep(3)
     return {"outputs": outputs}
+
+
+@dataclasses.dataclass
+class HangsAt(Quadratic):
+  """Its training stream stops delivering after `hang_after` examples, as a stuck
+  file system or a lost peer would: the loop call waiting for it hangs."""
+
+  hang_after: int = 96
+  layout_fields = ()
+
+  def train_data(self):
+    x, y = _quadratic_arrays(512, seed=0)
+
+    def examples():
+      for i in range(2**62):
+        if i == self.hang_after:
+          time.sleep(3600)
+        yield x[i % 512], y[i % 512]
+
+    return tf.data.Dataset.from_generator(
+        examples, output_signature=(tf.TensorSpec([3], tf.float32),
+                                    tf.TensorSpec([1], tf.float32)))

@@ -31,6 +31,7 @@ MAX_CPU_DEVICES = 64
 MAX_THREADS = 1024
 MAX_SYNTHETIC_VALUES = 2**28  # 1 GiB of float32.
 DEFAULT_PER_REPLICA_BATCH_SIZE = 32
+HANG_TIMEOUT_FLOOR_SECONDS = 600.0  # --hang_timeout unset: at least 10 minutes.
 
 
 def _field(default, help_text, *, choices=None, lower=None, upper=None, layout=False,
@@ -202,6 +203,11 @@ class Config:
   max_time: Optional[str] = _field(None, "Time budget of this invocation, e.g. 90m, "
                                    "2h, 3600s: stop (with a checkpoint) after the "
                                    "first loop call past it.")
+  hang_timeout: Optional[str] = _field(
+      None, "Longest a loop call, evaluation or checkpoint may take (and, with "
+      "multi_worker, a collective), e.g. 15m: past it the process writes "
+      "MODEL_DIR/hang-WORKER.txt with every thread's stack and exits 7. Default: "
+      "the larger of 10m and 20 times the median loop call.")
   profile_steps: Sequence[int] = _field((), "A,B: record a TensorFlow profile of "
                                         "steps A to B under MODEL_DIR/train (the "
                                         "Profile tab).")
@@ -244,8 +250,9 @@ class Config:
       raise ConfigError("--strategy=multi_worker needs --model_dir: every worker "
                         "must name the same directory")
     self._check_optimization()
-    if self.max_time is not None:
-      parse_duration(self.max_time, flag="--max_time")
+    for name in ("max_time", "hang_timeout"):
+      if getattr(self, name) is not None:
+        parse_duration(getattr(self, name), flag=f"--{name}")
     if self.profile_steps and (len(self.profile_steps) != 2 or
                                not 1 <= self.profile_steps[0] <= self.profile_steps[1]
                                or self.profile_steps[1] > self.train_steps):
@@ -309,6 +316,12 @@ class Config:
     """--max_time in seconds (None when unset)."""
     return None if self.max_time is None else parse_duration(self.max_time,
                                                              flag="--max_time")
+
+  @property
+  def hang_timeout_seconds(self) -> Optional[float]:
+    """--hang_timeout in seconds (None when unset: the watchdog's default)."""
+    return None if self.hang_timeout is None else parse_duration(
+        self.hang_timeout, flag="--hang_timeout")
 
   @property
   def task_kwargs(self) -> dict:

@@ -16,6 +16,7 @@ class ExitCode(enum.IntEnum):
   INTERRUPTED = 4  # SIGTERM/SIGINT: checkpoint saved, rerun to resume.
   LOCKED = 5  # Another live run holds the model_dir.
   REPLICA_BATCH = 6  # A replica did not get exactly one full batch per step.
+  HUNG = 7  # A phase ran past --hang_timeout or a peer was lost: see hang-*.txt.
 
 
 class TrainerError(Exception):

@@ -5,7 +5,7 @@ import os
 
 import tensorflow as tf
 
-from trainer.config import Config
+from trainer.config import HANG_TIMEOUT_FLOOR_SECONDS, Config
 from trainer.errors import ConfigError
 
 _MAX_TASKS_PER_NODE = 1024
@@ -123,8 +123,11 @@ def _multi_worker_strategy(config):
     raise ConfigError(f"--cross_device_ops={config.cross_device_ops}: with "
                       "--strategy=multi_worker use auto, ring or nccl")
   resolver = cluster_resolver(config)
+  # A collective waiting on a stopped or lost peer fails instead of hanging (the
+  # watchdog reports it, exit 7).
   options = tf.distribute.experimental.CommunicationOptions(
-      implementation=implementations[config.cross_device_ops])
+      implementation=implementations[config.cross_device_ops],
+      timeout_seconds=config.hang_timeout_seconds or HANG_TIMEOUT_FLOOR_SECONDS)
   try:
     return tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=options)

@@ -44,6 +44,9 @@ def tf_config(ports: list, index: int) -> str:
                      "task": {"type": "worker", "index": index}})
 
 
+_HUNG = 7  # trainer's ExitCode.HUNG (not imported: the launcher loads no TF).
+
+
 def describe_exit(returncode: int) -> str:
   """'exit code 3' or 'killed by SIGKILL', for a Popen return code."""
   if returncode < 0:
@@ -51,7 +54,18 @@ def describe_exit(returncode: int) -> str:
       return f"killed by {signal.Signals(-returncode).name}"
     except ValueError:
       return f"killed by signal {-returncode}"
+  if returncode == _HUNG:
+    return f"exit code {_HUNG} (a hang or a lost peer; its hang-*.txt says where)"
   return f"exit code {returncode}"
+
+
+def process_state(pid: int):
+  """The kernel's one-letter state of a process ("T" when stopped), or None."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0]
+  except (OSError, IndexError):
+    return None
 
 
 def shell_code(returncode: int) -> int:
@@ -144,6 +158,7 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
         if failed is not None:
           say(f"{failed.name} (pid {failed.process.pid}) failed: "
               f"{describe_exit(failed.process.returncode)}; stopping the other workers")
+          _kill_stopped(workers, say)
           _stop(workers, grace_seconds, say)
           break
       time.sleep(_POLL_SECONDS)
@@ -165,6 +180,16 @@ def _stop(workers, grace_seconds, say):
   while time.monotonic() < deadline and any(w.process.poll() is None for w in workers):
     time.sleep(_POLL_SECONDS)
   _kill_running(workers, say, f"did not stop within {grace_seconds:g}s")
+
+
+def _kill_stopped(workers, say):
+  """Names and kills the workers that are stopped (SIGSTOP, a debugger): they
+  cannot take part in a collective, so the others hung waiting for them."""
+  for worker in workers:
+    if worker.process.poll() is None and process_state(worker.process.pid) in ("T", "t"):
+      say(f"{worker.name} (pid {worker.process.pid}) is stopped (process state T): "
+          "it is the worker the others hung waiting for; killing it")
+      worker.signal(signal.SIGKILL)
 
 
 def _kill_running(workers, say, why):

@@ -103,11 +103,17 @@ class Results:
       return True
     return False
 
-  def finish(self, status: str) -> dict:
-    """Completes the record with `status` and writes results.json (chief only)."""
+  def finish(self, status: str, *, step: int = None) -> dict:
+    """Completes the record with `status` and writes results.json (chief only).
+
+    Args:
+      status: how the run ended.
+      step: the step it reached; default: the global step variable's (a hung
+        run passes its last completed step: TensorFlow may be stuck).
+    """
     state = self._state
     self.data["status"] = status
-    self.data["global_step"] = state.step
+    self.data["global_step"] = state.step if step is None else step
     self.data["best_eval"] = state.record.data.get("best_eval")
     ledger = state.train_ledger
     self.data["replica_batches"] = {

@@ -17,6 +17,7 @@ from trainer import data
 from trainer.config import Config
 from trainer.training.state import RunState
 from trainer.training.steps import call_checked
+from trainer.training.watchdog import LOOP_CALL, HangWatchdog
 
 ROLLED_BACK = "rolled_back"
 _AUTO_TARGET_SECONDS = 1.0  # --steps_per_loop=0: aim for loop calls this long.
@@ -87,15 +88,17 @@ def train_iterator(state: RunState):
 class Controller:
   """Trains to --train_steps in loop calls, running `actions` after each call."""
 
-  def __init__(self, *, state: RunState, actions: list):
+  def __init__(self, *, state: RunState, actions: list, watchdog: HangWatchdog):
     """Creates the controller.
 
     Args:
       state: the run's state (restored, if resuming).
       actions: callables `action(call: LoopCall)`, run in order after each call.
+      watchdog: bounds each loop call, and the actions after it, in time.
     """
     self._state = state
     self._actions = actions
+    self._watchdog = watchdog
     self._calls = 0
 
   def _dispatch(self, iterator, num_steps: int) -> LoopCall:
@@ -125,17 +128,26 @@ class Controller:
     steps_per_loop = config.steps_per_loop or 1  # Auto: one step first (it traces).
     while step < config.train_steps:
       num_steps = min(steps_per_loop, next_stop(step, config) - step)
-      call = self._dispatch(iterator, num_steps)
+      with self._watchdog.guard(LOOP_CALL, step=step):
+        call = self._dispatch(iterator, num_steps)
       step = call.step
-      for action in self._actions:
-        outcome = action(call)
-        if outcome == ROLLED_BACK:
-          step = state.step
-          iterator = train_iterator(state)
-          break
-        if outcome:
-          return outcome
+      self._watchdog.completed(step)
+      with self._watchdog.guard("the actions after a loop call (eval, checkpoint, stop vote)", step=step):
+        outcome = self._run_actions(call)
+      if outcome == ROLLED_BACK:
+        step = state.step
+        iterator = train_iterator(state)
+      elif outcome:
+        return outcome
       if not config.steps_per_loop:
         steps_per_loop = auto_steps_per_loop(num_steps, call.seconds,
                                              first=call.index == 1)
     return "completed"
+
+  def _run_actions(self, call: LoopCall):
+    """Runs the actions in order; the first outcome that is not None ends them."""
+    for action in self._actions:
+      outcome = action(call)
+      if outcome:
+        return outcome
+    return None

@@ -29,6 +29,7 @@ from trainer.training.controller import Controller
 from trainer.training.evaluation import evaluate_checkpoint
 from trainer.training.setup import resolve_task, setup
 from trainer.training.state import RunState, build_state
+from trainer.training.watchdog import HangWatchdog
 
 
 def run(config: Config, task: Task = None) -> dict:
@@ -175,6 +176,11 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
   evaluator = actions.Evaluator(state=state, results=results, summaries=summaries,
                                 progress=progress, best_metric=best)
   profiler = actions.Profiler(state)
+  watchdog = HangWatchdog(
+      limit=config.hang_timeout_seconds, directory=config.model_dir,
+      worker=_worker_name(state.strategy),
+      on_hang=lambda step: results.finish("hung", step=step))
+  watchdog.completed(state.step)
 
   def stopping(during: str) -> bool:
     """A signal came (before or) during `during`: every worker agrees to stop."""
@@ -185,6 +191,7 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
                  "to finish")
     return True
 
+  watchdog.start()
   try:
     if stopping("during set-up"):
       return results.finish("interrupted")
@@ -203,12 +210,13 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
           actions.checkpoint(state, summaries),
           actions.stop_vote(state, stop_request, progress),
           actions.time_limit(state, progress, started=time.monotonic()),
-      ]).train()
+      ], watchdog=watchdog).train()
     profiler.close()
     if status not in ("completed", "early_stopped"):
       return results.finish(status)
     if config.mode == "train_and_eval" and results.eval_step != state.step:
-      evaluator.evaluate()
+      with watchdog.guard("final evaluation", step=state.step):
+        evaluator.evaluate()
       if stopping("during the final evaluation"):
         return results.finish("interrupted")
     if is_chief:
@@ -219,9 +227,18 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
         return results.finish("interrupted")
     return results.finish(status)
   finally:
+    watchdog.stop()
     profiler.close()
     summaries.close()
     state.checkpoints.close()
+
+
+def _worker_name(strategy) -> str:
+  """This process in the cluster: "worker-1" (or "worker-0" outside one)."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.cluster_spec().as_dict():
+    return "worker-0"
+  return f"{resolver.task_type}-{resolver.task_id}"
 
 
 def _warm_start(state: RunState):

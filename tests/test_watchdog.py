@@ -1,0 +1,49 @@
+"""The hang watchdog: its default limit, what it reports, and a hung run that
+exits 7 with every thread's stack and resumes when rerun."""
+
+import os
+
+from conftest import REPO, cli_env, read_results, run_cli
+from trainer.training import watchdog
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_default_limit_is_ten_minutes_or_twenty_median_calls():
+  assert watchdog.default_limit([]) == 600
+  assert watchdog.default_limit([1.0, 2.0, 500.0]) == 600  # A slow first call.
+  assert watchdog.default_limit([40.0, 45.0, 50.0]) == 900
+
+
+def test_a_collective_error_names_the_peer_and_what_happened():
+  message = ("Graph execution error:\n\nCollective ops is aborted by: Error reported "
+             "from /job:worker/task:1: The following tasks are unhealthy (stopped "
+             "sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have "
+             "crashed.")
+  assert watchdog.peer_of(message) == "worker 1"
+  assert "tasks are unhealthy" in watchdog._gist(message)  # pylint: disable=protected-access
+  assert watchdog.peer_of("Graph execution error: timed out") is None
+
+
+def test_a_hung_loop_call_exits_7_with_stacks_and_a_rerun_resumes(model_dir):
+  env = cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
+  # 12 steps of 8 examples arrive, then none: the third loop call (steps 11-15)
+  # waits forever.
+  args = ["--task=user_tasks:HangsAt", "--per_replica_batch_size=8", "--shuffle=false",
+          "--optimizer=sgd", "--steps_per_loop=5", "--checkpoint_every=5",
+          "--train_steps=30", f"--model_dir={model_dir}"]
+  hung = run_cli(*args, "--hang_timeout=8s", env=env)
+  assert hung.returncode == 7, hung.stdout + hung.stderr
+  first = hung.stderr.strip().splitlines()[0]
+  assert first.startswith("error: hang on worker-0: loop call at step 10 made no "
+                          "progress for 8s (--hang_timeout 8s); last completed step 10")
+  report = open(os.path.join(model_dir, "hang-worker-0.txt")).read()
+  assert report.startswith("hang on worker-0: loop call at step 10")
+  # Every thread's stack: the main thread waits in the loop call.
+  assert "Thread MainThread:" in report and "in _dispatch" in report
+  results = read_results(model_dir)
+  assert results["status"] == "hung" and results["global_step"] == 10
+  resumed = run_cli(*args, "--task.hang_after=1000000", env=env)
+  assert resumed.returncode == 0, resumed.stderr
+  assert "resuming at step 10" in resumed.stdout
+  assert read_results(model_dir)["status"] == "completed"
