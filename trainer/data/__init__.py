@@ -2,7 +2,7 @@
 
 from trainer.data.pipeline import (ArrayData, StreamData, as_task_data,
                                    count_examples, distribute, eval_dataset,
-                                   feature_spec, train_dataset)
+                                   example_indices, feature_spec, train_dataset)
 
 __all__ = ["ArrayData", "StreamData", "as_task_data", "count_examples", "distribute",
-           "eval_dataset", "feature_spec", "train_dataset"]
+           "eval_dataset", "example_indices", "feature_spec", "train_dataset"]

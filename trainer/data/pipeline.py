@@ -174,17 +174,12 @@ def train_dataset(data, *, global_batch_size: int, seed: int, shuffle: bool,
   if n < global_batch_size:
     raise DataError(f"the training set has {n} examples, fewer than one global batch "
                     f"of {global_batch_size}; lower --per_replica_batch_size")
-  steps_per_epoch = n // global_batch_size
   features, labels = tf.nest.map_structure(tf.constant, (data.features, data.labels))
 
   def gather(positions):
-    step = positions // global_batch_size
-    epoch = step // steps_per_epoch
-    index = (step % steps_per_epoch) * global_batch_size + positions % global_batch_size
-    if shuffle:
-      # A batch never straddles epochs, so one seed serves the whole batch.
-      seeds = tf.stack([tf.constant(seed, tf.int64), epoch[0]])
-      index = tf.random.experimental.index_shuffle(index, seeds, n - 1)
+    index = example_indices(positions, num_examples=n,
+                            global_batch_size=global_batch_size, seed=seed,
+                            shuffle=shuffle)
     take = lambda a: tf.gather(a, index)  # noqa: E731
     return (preprocess(tf.nest.map_structure(take, features)),
             tf.nest.map_structure(take, labels))
@@ -193,6 +188,30 @@ def train_dataset(data, *, global_batch_size: int, seed: int, shuffle: bool,
   dataset = dataset.batch(global_batch_size, drop_remainder=True)
   dataset = dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
   return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
+
+
+def example_indices(positions, *, num_examples: int, global_batch_size: int,
+                    seed: int, shuffle: bool):
+  """The training-set indices of the examples at stream `positions` (one global
+  batch's, e.g. `range(s*B, (s+1)*B)` for global step s): the order of arrays.
+
+  Args:
+    positions: int64 tensor of consecutive positions within one global batch.
+    num_examples: the training set's size.
+    global_batch_size: examples per step over all replicas.
+    seed: the data-order seed.
+    shuffle: whether each epoch is a permutation.
+  """
+  positions = tf.convert_to_tensor(positions, tf.int64)
+  steps_per_epoch = num_examples // global_batch_size
+  step = positions // global_batch_size
+  epoch = step // steps_per_epoch
+  index = (step % steps_per_epoch) * global_batch_size + positions % global_batch_size
+  if shuffle:
+    # A batch never straddles epochs, so one seed serves the whole batch.
+    seeds = tf.stack([tf.constant(seed, tf.int64), epoch[0]])
+    index = tf.random.experimental.index_shuffle(index, seeds, num_examples - 1)
+  return index
 
 
 def count_examples(data) -> int:

@@ -17,7 +17,7 @@ from trainer.outputs import run_dir
 from trainer.outputs.progress import Progress
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries
-from trainer.training import evaluation
+from trainer.training import divergence, evaluation
 from trainer.training.controller import ROLLED_BACK, LoopCall
 from trainer.training.state import RunState
 
@@ -86,10 +86,19 @@ class NanPolicy:
                          f"{restored} (rollback {self.rollbacks} of {MAX_ROLLBACKS}), "
                          f"{rate}")
       return ROLLED_BACK
-    self._results.finish("diverged")
-    raise DivergedError(f"non-finite loss or gradients at step {call.step} (loss "
-                        f"{call.metrics['loss']}); the last good checkpoint is kept. "
-                        "Lower --learning_rate or use --on_nan=rollback")
+    report = divergence.find_divergence(state, until=call.step)
+    self._results.data["divergence"] = divergence.DIVERGENCE_FILE
+    self._results.finish("diverged", step=call.step)
+    where = (f"step {report['step']}" if not report["finite"] else
+             f"a step of {report['checkpoint_step'] + 1} to {call.step}")
+    layer = report["first_nonfinite_gradient"]
+    raise DivergedError(
+        f"non-finite loss or gradients at {where} (loss {report['loss']}, gradient "
+        f"norm {report['gradient_norm']}"
+        + (f", first non-finite gradient {layer}" if layer else "")
+        + f"); the last good checkpoint is kept. {divergence.DIVERGENCE_FILE} "
+        f"says more; replay it with: {report['replay']}. Lower --learning_rate or "
+        "use --on_nan=rollback")
 
 
 def _number(value, kind, default):

@@ -123,6 +123,10 @@ class Checkpoints:
   def _path(self, step: int) -> str:
     return os.path.join(self.directory, f"{_PREFIX}-{step}")
 
+  def path_of(self, step: int) -> str:
+    """The path (prefix) of the checkpoint of `step`."""
+    return self._path(step)
+
   def check_fits(self, path: str):
     """Raises ModelDirError unless the checkpoint's model weights fit the model.
 
@@ -149,8 +153,11 @@ class Checkpoints:
           f"{'; '.join(problems)}. The run was made with other flags or data; use "
           "those, or a new --model_dir")
 
-  def restore_latest(self):
+  def restore_latest(self, *, before: int = None):
     """Restores the newest readable checkpoint on disk.
+
+    Args:
+      before: only checkpoints of steps before this one (a replay).
 
     Returns:
       The restored global step, or None if there was no readable checkpoint.
@@ -160,14 +167,15 @@ class Checkpoints:
     """
     for _ in range(_VANISHED_RETRIES):
       try:
-        return self._restore_newest()
+        return self._restore_newest(before)
       except _Vanished:
         time.sleep(0.1)  # Rotated away by a live run: list again.
     raise ModelDirError(f"{self.directory}: checkpoints keep vanishing while being "
                         "read; is another process deleting them?")
 
-  def _restore_newest(self):
-    steps = checkpoint_steps(self.directory)
+  def _restore_newest(self, before):
+    steps = [s for s in checkpoint_steps(self.directory)
+             if before is None or s < before]
     for index in range(len(steps) - 1, -1, -1):
       path = self._path(steps[index])
       try:

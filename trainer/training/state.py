@@ -71,6 +71,7 @@ class RunState:
   train_totals: ledger.Totals
   eval_totals: ledger.Totals
   train_loop: object
+  diagnose_step: object  # One train step with its gradients (divergence.py).
   eval_loop: object
   stop_vote: object
   per_replica_batch_size: int  # From the batch flags and the replica count.
@@ -143,13 +144,16 @@ class RunState:
     self.record.store()
     return self.checkpoints.save_best()
 
-  def restore_checkpoint(self):
+  def restore_checkpoint(self, *, before: int = None):
     """Restores the newest readable checkpoint and its run record.
+
+    Args:
+      before: the newest of the steps before this one (a replay).
 
     Returns:
       The restored step, or None if there was none.
     """
-    step = self.checkpoints.restore_latest()
+    step = self.checkpoints.restore_latest(before=before)
     if step is None:
       self.record.data.clear()
     else:
@@ -322,7 +326,7 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                                    **{f"task_{k}": v for k, v in task_items.items()}},
                             scratch=_scratch_dir(config, strategy, is_chief),
                             read_only=read_only)
-  train_loop = steps.make_train_loop(
+  train_loop, diagnose_step = steps.make_train_loop(
       strategy=strategy, task=task, model=model, optimizer=optimizer,
       global_step=global_step, ledger=train_ledger, totals=train_totals,
       per_replica_batch_size=per_replica, global_batch_size=global_batch,
@@ -339,7 +343,8 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                   data_identity=data_identity(config, train_data),
                   train_ledger=train_ledger, eval_ledger=eval_ledger,
                   train_totals=train_totals, eval_totals=eval_totals,
-                  train_loop=train_loop, eval_loop=eval_loop,
+                  train_loop=train_loop, diagnose_step=diagnose_step,
+                  eval_loop=eval_loop,
                   stop_vote=steps.make_stop_vote(strategy),
                   per_replica_batch_size=per_replica)
 

@@ -76,6 +76,15 @@ def _per_example(values):
   return tf.cast(values, tf.float32)
 
 
+def _norm(tensor):
+  """The L2 norm as float32, computed without overflowing where the values are
+  finite: max|x| * ||x / max|x|||."""
+  tensor = tf.cast(tensor, tf.float32)
+  largest = tf.reduce_max(tf.abs(tensor))
+  scaled = tf.math.divide_no_nan(tensor, largest)
+  return largest * tf.norm(scaled)
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateRule:
   """How a step's gradients become an update; the defaults are the plain step.
@@ -103,7 +112,9 @@ class UpdateRule:
 def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, totals,
                     per_replica_batch_size, global_batch_size, jit_compile=False,
                     rule: UpdateRule = UpdateRule()):
-  """Builds `train_loop(iterator, num_steps) -> dict of tensors`.
+  """Builds `train_loop(iterator, num_steps) -> dict of tensors`, and
+  `diagnose_step(iterator)`, which runs one step exactly as the loop does and
+  returns what a divergence report needs.
 
   The dict holds everything the host needs after a call, reduced in-graph, so one
   call costs one dispatch and no eager ops (which cost ~0.1 ms each, many per
@@ -127,7 +138,10 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
     rule: accumulation, clipping, the learning-rate schedule and EMA.
 
   Returns:
-    A tf.function.
+    (train_loop, diagnose_step), tf.functions. diagnose_step returns "loss" (of
+    the step), "gradient_norm", "gradient_norms" (per variable, before clipping)
+    and "gradients" (all-reduced, still scaled by a loss scale) and applies the
+    update like a step of train_loop.
   """
   variables = model.trainable_variables
   # The loss of an update averages over all its micro-batches, so N accumulated
@@ -166,7 +180,8 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
     return strategy.extended.batch_reduce_to(
         _SUM, [(g, v.value) for g, v in zip(per_replica_gradients, variables)])
 
-  def train_step(iterator):
+  def train_step(iterator, diagnosis=None):
+    """One update; fills `diagnosis` (a dict) with its gradients when given."""
     gradients = micro_step(iterator)
     if rule.accum_steps > 1:
       for _ in tf.range(rule.accum_steps - 1):
@@ -175,6 +190,11 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
     scale = _loss_scale(optimizer)
     scale = tf.constant(1.0) if scale is None else tf.cast(scale, norm.dtype)
     norm = norm / scale
+    if diagnosis is not None:
+      diagnosis["gradients"] = gradients
+      diagnosis["gradient_norms"] = [_norm(g) / scale for g in gradients]
+      diagnosis["gradients_finite"] = [tf.reduce_all(tf.math.is_finite(g))
+                                       for g in gradients]
     clipped = tf.constant(False)
     if rule.clip_norm:
       clipped = norm > rule.clip_norm
@@ -207,7 +227,16 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
                                            tf.math.is_finite(outputs["loss"]))
     return outputs
 
-  return train_loop
+  @tf.function
+  def diagnose_step(iterator):
+    strategy.run(totals.reset)
+    strategy.run(ledger.reset)
+    diagnosis = {}
+    norm, _ = train_step(iterator, diagnosis)
+    return dict(diagnosis, loss=totals.values()["loss"], gradient_norm=norm,
+                step=global_step.read_value())
+
+  return train_loop, diagnose_step
 
 
 def make_eval_loop(*, strategy, task, model, ledger, totals, per_replica_batch_size):

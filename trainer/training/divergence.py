@@ -1,0 +1,225 @@
+"""Divergence you can replay: the step, the examples and the variable that went
+non-finite.
+
+A loop call only says that one of its K steps went non-finite. When a run
+diverges with --on_nan=stop, `find_divergence` restores the last good checkpoint
+and replays the steps after it one at a time with `RunState.diagnose_step` (the
+step the train loop runs, returning its gradients) until the first non-finite
+one; the chief writes its report to MODEL_DIR/divergence.json. `replay_to` does
+the same for any step from a fresh process (`python -m trainer.replay`), so the
+bad batch and layer can be looked at again; under --deterministic it prints the
+same numbers, bit for bit.
+
+The examples of a step are a pure function of (seed, step) for array data: the
+report lists their indices in the training set. A tf.data task's report gives the
+step's positions in its (seeded) stream instead.
+"""
+
+import math
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from trainer import data
+from trainer.errors import ModelDirError
+from trainer.outputs import run_dir
+from trainer.training.controller import train_iterator
+from trainer.training.state import RunState
+
+DIVERGENCE_FILE = "divergence.json"
+
+
+def _number(value):
+  """A float for JSON: finite ones as they are, others as "nan", "inf", "-inf"."""
+  value = float(value)
+  return value if math.isfinite(value) else str(value)
+
+
+def _finite(outputs) -> bool:
+  return bool(np.isfinite(outputs["loss"]) and np.isfinite(outputs["gradient_norm"]))
+
+
+def variable_names(state: RunState) -> list:
+  return [getattr(v, "path", v.name) for v in state.model.trainable_variables]
+
+
+def step_examples(state: RunState, step: int) -> dict:
+  """Which training examples step `step` (the update to global step `step`) read."""
+  config = state.config
+  per_update = state.global_batch_size * config.grad_accum_steps
+  start = (step - 1) * per_update
+  if not isinstance(state.train_data, data.ArrayData):
+    return {"stream_positions": [start, start + per_update]}
+  indices = [data.example_indices(
+      tf.range(first, first + state.global_batch_size, dtype=tf.int64),
+      num_examples=state.train_data.num_examples,
+      global_batch_size=state.global_batch_size, seed=config.seed,
+      shuffle=config.shuffle).numpy()
+             for first in range(start, start + per_update, state.global_batch_size)]
+  return {"indices": np.concatenate(indices).tolist()}
+
+
+def _report(state: RunState, step: int, checkpoint_step: int, outputs) -> dict:
+  names = variable_names(state)
+  norms = [float(n) for n in outputs["gradient_norms"]]
+  first_bad = next((name for name, finite in zip(names, outputs["gradients_finite"])
+                    if not finite), None)
+  return {
+      "step": step,
+      "finite": _finite(outputs),
+      "checkpoint": os.path.basename(state.checkpoints.path_of(checkpoint_step)),
+      "checkpoint_step": checkpoint_step,
+      "loss": _number(outputs["loss"]),
+      "gradient_norm": _number(outputs["gradient_norm"]),
+      # The first variable (in the model's order) with an inf or NaN gradient;
+      # None when only the global norm overflowed (then see the largest norms).
+      "first_nonfinite_gradient": first_bad,
+      # Pairs, in the model's order (a JSON object's keys may be sorted).
+      "gradient_norms": [[name, _number(n)] for name, n in zip(names, norms)],
+      "examples": step_examples(state, step),
+      "replay": f"python -m trainer.replay --model_dir={state.config.model_dir} "
+                f"--step={step}",
+  }
+
+
+def replay_to(state: RunState, step: int, *, stop_at_nonfinite: bool):
+  """Restores the newest checkpoint before `step` and replays up to it.
+
+  Args:
+    state: the run's state (the model's weights are replaced).
+    step: the step to report (the update to global step `step`).
+    stop_at_nonfinite: report the first non-finite step before `step` instead.
+
+  Returns:
+    (the report dict, the outputs of the reported step: gradients included).
+
+  Raises:
+    ModelDirError: there is no checkpoint before `step`.
+  """
+  checkpoint_step = state.restore_checkpoint(before=step)
+  if checkpoint_step is None:
+    raise ModelDirError(f"--model_dir={state.config.model_dir}: no checkpoint before "
+                        f"step {step} to replay from")
+  iterator = train_iterator(state)
+  for current in range(checkpoint_step + 1, step + 1):
+    outputs = {k: (v.numpy() if hasattr(v, "numpy") else [t.numpy() for t in v])
+               for k, v in state.diagnose_step(iterator).items()}
+    if current == step or (stop_at_nonfinite and not _finite(outputs)):
+      return _report(state, current, checkpoint_step, outputs), outputs
+  raise AssertionError("unreachable: the loop returns at `step`")
+
+
+def find_divergence(state: RunState, *, until: int) -> dict:
+  """The first non-finite step after the last checkpoint, up to `until`; written
+  to MODEL_DIR/divergence.json by the chief. Every worker must call it (the
+  replayed steps are collective)."""
+  report, _ = replay_to(state, until, stop_at_nonfinite=True)
+  if report["finite"]:
+    report["note"] = (f"the replay from step {report['checkpoint_step']} to {until} "
+                      "stayed finite: the divergence did not reproduce (rerun with "
+                      "--deterministic)")
+  if state.is_chief:
+    run_dir.write_json(os.path.join(state.config.model_dir, DIVERGENCE_FILE), report)
+  return report
+
+
+def _exact(value) -> str:
+  """A report number as text that reads back to the same float."""
+  return repr(value) if isinstance(value, float) else str(value)
+
+
+def format_report(report: dict) -> str:
+  """The report as lines a person reads (floats exactly, with repr)."""
+  lines = [f"step {report['step']} (replayed from {report['checkpoint']}):",
+           f"  loss {_exact(report['loss'])}",
+           f"  gradient norm {_exact(report['gradient_norm'])}",
+           f"  first non-finite gradient: {report['first_nonfinite_gradient']}"]
+  lines += [f"  gradient norm of {name}: {_exact(value)}"
+            for name, value in report["gradient_norms"]]
+  examples = report["examples"]
+  if "indices" in examples:
+    lines.append(f"  examples (training-set indices): "
+                 f"{', '.join(map(str, examples['indices']))}")
+  else:
+    start, end = examples["stream_positions"]
+    lines.append(f"  examples: positions {start} to {end - 1} of the shuffled stream")
+  return "\n".join(lines)
+
+
+def dump_step(state: RunState, step: int, outputs, path: str):
+  """Writes step `step`'s batch (as stored, before Task.preprocess), its example
+  indices and its all-reduced gradients to an .npz file."""
+  config = state.config
+  dataset = data.train_dataset(
+      state.train_data, global_batch_size=state.global_batch_size, seed=config.seed,
+      shuffle=config.shuffle, shuffle_buffer=config.shuffle_buffer,
+      start_step=(step - 1) * config.grad_accum_steps)
+  batches = list(dataset.take(config.grad_accum_steps))
+  arrays = {}
+  for name, part in (("features", 0), ("labels", 1)):
+    nest = tf.nest.map_structure(lambda *t: np.concatenate([x.numpy() for x in t]),
+                                 *[batch[part] for batch in batches])
+    if isinstance(nest, dict):
+      arrays.update({f"{name}/{key}": value for key, value in nest.items()})
+    else:
+      arrays.update({f"{name}/{i}": value
+                     for i, value in enumerate(tf.nest.flatten(nest))}
+                    if isinstance(nest, (tuple, list)) else {name: nest})
+  examples = step_examples(state, step)
+  if "indices" in examples:
+    arrays["example_indices"] = np.array(examples["indices"], np.int64)
+  for name, gradient in zip(variable_names(state), outputs["gradients"]):
+    arrays[f"gradient/{name}"] = np.asarray(gradient)
+  with open(path, "wb") as f:
+    np.savez(f, **arrays)
+
+
+def replay_run(model_dir: str, step: int, *, dump: str = None,
+               cpu_devices: int = None) -> dict:
+  """`python -m trainer.replay`: replays step `step` of the run in `model_dir`.
+
+  The run's flags come from its flags.txt; its files are only read. A
+  multi-worker run is replayed in this one process with the same global batch.
+
+  Args:
+    model_dir: the run directory.
+    step: the step to replay (>= 1).
+    dump: an .npz path for the step's batch, example indices and gradients.
+    cpu_devices: replicas to replay on (default: the run's --cpu_devices).
+
+  Returns:
+    The step's report (as in divergence.json).
+
+  Raises:
+    TrainerError: not a run, no checkpoint before `step`, or bad flags.
+  """
+  from trainer import config as config_lib  # pylint: disable=g-import-not-at-top
+  from trainer import tasks  # pylint: disable=g-import-not-at-top
+  from trainer.training.setup import setup  # pylint: disable=g-import-not-at-top
+  from trainer.training.state import build_state  # pylint: disable=g-import-not-at-top
+  flags_path = os.path.join(model_dir, run_dir.FLAGS_FILE)
+  if not os.path.isfile(flags_path):
+    raise ModelDirError(f"--model_dir={model_dir}: no {run_dir.FLAGS_FILE}, not a "
+                        "trainer run")
+  config = config_lib.load_flagfile(flags_path).replace(model_dir=model_dir,
+                                                        mode="train", summaries=False)
+  results = run_dir.read_json(os.path.join(model_dir, run_dir.RESULTS_FILE))
+  global_batch = results.get("global_batch_size") if isinstance(results, dict) else None
+  if isinstance(global_batch, int):  # The run's batches, on any replica count.
+    config = config.replace(global_batch_size=global_batch, per_replica_batch_size=None)
+  if config.strategy == "multi_worker":
+    config = config.replace(strategy="mirrored")
+  if cpu_devices:
+    config = config.replace(cpu_devices=cpu_devices)
+  task = tasks.build_task(config.task, config.task_kwargs)
+  found = setup(config, task)
+  state = build_state(config, task, found.strategy, train_data=found.train_data,
+                      eval_data=found.eval_data, is_chief=True, read_only=True)
+  try:
+    report, outputs = replay_to(state, step, stop_at_nonfinite=False)
+    if dump:
+      dump_step(state, step, outputs, dump)
+  finally:
+    state.checkpoints.close()
+  return report
