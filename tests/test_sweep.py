@@ -14,7 +14,6 @@ import pytest
 
 from conftest import REPO, cli_env
 from trainer import inspect as inspect_lib
-from trainer.outputs import run_dir
 from trainer.sweeps import cli, spec
 
 pytestmark = pytest.mark.slow  # Trials are subprocesses: about a minute in all.
@@ -312,18 +311,6 @@ def test_sampled_values_keep_their_flag_types():
     assert isinstance(trial.values["learning_rate"], float)
     assert isinstance(trial.values["per_replica_batch_size"], int)
     assert isinstance(trial.values["shuffle"], bool)
-
-
-def test_a_sweep_root_in_use_is_refused(tmp_path, capsys):
-  root = tmp_path / "sweep"
-  root.mkdir()
-  with run_dir.locked(str(root)):  # Held by this (live) process.
-    code = cli.main([f"--root={root}", "--grid=learning_rate=0.1",
-                     "--metric=train/loss"])
-    assert sorted(os.listdir(root)) == [".lock"]  # Nothing started or written.
-  assert code == 5
-  err = capsys.readouterr().err
-  assert f"--root={root}: in use by pid {os.getpid()}" in err
 
 
 def test_sweep_over_a_task_hyperparameter_ranks_by_its_metric(tmp_path, capsys):

@@ -1,19 +1,22 @@
 """`python scripts/sweep.py --root=R --grid=... --random=... [-- TRAINER FLAGS]`.
 
-Checks the whole spec (every trial's command line, parsed exactly as the trainer
-would parse it) before anything is written, then runs the trials and reports.
+Checks the whole spec (every planned trial's command line, parsed exactly as the
+trainer would parse it; for TPE, its first proposals) before anything is written,
+then opens the sweep's Optuna study, runs the trials it claims, and reports.
 """
 
+import dataclasses
 import os
 import re
 import shlex
 import sys
+from typing import Optional
 
 from trainer import argparsing
 from trainer import config as config_lib
 from trainer.outputs import run_dir
 from trainer.errors import ConfigError, ExitCode, TrainerError
-from trainer.sweeps import report, spec
+from trainer.sweeps import report, spec, study
 from trainer.tasks.base import METRIC_NAME
 from trainer.sweeps.runner import LOG_DIR, Sweep, TrialRun
 
@@ -34,8 +37,24 @@ def _parser():
                       help="a .sweep file: one sweep option per line, e.g. "
                            "flags/sweeps/lr_batch.sweep")
   parser.add_argument("--trials", type=int, default=10,
-                      help="random samples (with --random; default 10)")
-  parser.add_argument("--seed", type=int, default=0, help="seed of the random samples")
+                      help="random samples or TPE proposals (default 10)")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of the random samples and of TPE")
+  parser.add_argument("--sampler", choices=study.SAMPLERS,
+                      help="grid (every --grid point), random (--trials samples of "
+                           "--random, each with every grid point) or tpe (Optuna's "
+                           "model-based search over both, --trials proposals); "
+                           "default: random with --random, else grid")
+  parser.add_argument("--pruner", choices=study.PRUNERS, default="none",
+                      help="stop trials that are behind at an evaluation: median, "
+                           "asha (successive halving), hyperband; rungs are the "
+                           "trials' --eval_every steps (default none)")
+  parser.add_argument("--storage",
+                      help="the Optuna study's storage, shared by every sweep process "
+                           "that joins it: sqlite:///FILE, postgresql://..., "
+                           "mysql://... or journal:FILE (default: ROOT/study.db)")
+  parser.add_argument("--study", default="sweep",
+                      help="the study's name in --storage (default sweep)")
   parser.add_argument("--parallel", type=int, default=1, help="trials at once")
   parser.add_argument("--threads_per_trial", type=int, default=0,
                       help="TensorFlow threads per trial (default: CPUs / --parallel)")
@@ -54,17 +73,19 @@ def _parser():
   return parser
 
 
+_SPEC_OPTIONS = ("--grid=", "--random=", "--trials=", "--seed=", "--metric=",
+                 "--goal=", "--base_flagfile=", "--sampler=", "--pruner=")
+
+
 def _spec_lines(path):
   """The sweep options of a .sweep file, each checked to be one a file may set."""
   lines = spec.read_spec_file(path)
   if any(line.startswith(("--spec", "--root")) for line in lines):
     raise ConfigError(f"--spec={path}: a .sweep file cannot set --spec or --root")
   for line in lines:
-    if not line.startswith(("--grid=", "--random=", "--trials=", "--seed=",
-                            "--metric=", "--goal=", "--base_flagfile=")):
+    if not line.startswith(_SPEC_OPTIONS):
       raise ConfigError(f"--spec={path}: {line!r} is not a sweep option (use "
-                        "--grid=, --random=, --trials=, --seed=, --metric=, "
-                        "--goal=, --base_flagfile=)")
+                        f"{', '.join(_SPEC_OPTIONS)})")
   return lines
 
 
@@ -116,8 +137,18 @@ def _check(args):
                             max(1, (os.cpu_count() or 1) // args.parallel))
 
 
-def build_runs(args) -> tuple:
-  """(params, [TrialRun]) for the spec, each trial's flags checked like the CLI.
+@dataclasses.dataclass
+class Plan:
+  """What the sweep will run: its params, its planned trials and their commands."""
+  params: list
+  planned: Optional[list]  # [(name, values)] of grid and random; None for TPE.
+  make_run: object  # make_run(name, values) -> TrialRun
+  eval_every: int
+  train_steps: int
+
+
+def build_plan(args) -> Plan:
+  """The sweep's trials, each planned trial's flags checked like the CLI's.
 
   Raises:
     ConfigError: naming the bad option, or the trial and flag that is invalid.
@@ -127,34 +158,93 @@ def build_runs(args) -> tuple:
   task_class = _check_metric(args, [*base, *args.trainer_args])
   params = ([spec.parse_grid(g, task_class) for g in args.grid] +
             [spec.parse_random(r, task_class) for r in args.random])
-  trials = spec.expand(params, trials=args.trials, seed=args.seed)
+  args.sampler = args.sampler or ("random" if args.random else "grid")
+  if args.sampler == "grid" and args.random:
+    raise ConfigError("--sampler=grid: --random needs --sampler=random or tpe")
   threads = args.threads_per_trial
   hparams = ",".join(p.name for p in params)
-  runs = []
-  for trial in trials:
-    model_dir = os.path.join(args.root, trial.name)
-    trainer_args = [*base, f"--intra_op_threads={threads}",
-                    f"--inter_op_threads={threads}", *args.trainer_args,
-                    *trial.flags(), f"--model_dir={model_dir}", f"--hparams={hparams}"]
+
+  def trainer_args(name, values):
+    return [*base, f"--intra_op_threads={threads}", f"--inter_op_threads={threads}",
+            *args.trainer_args, *spec.Trial(name=name, values=values).flags(),
+            f"--model_dir={os.path.join(args.root, name)}", f"--hparams={hparams}"]
+
+  def make_run(name, values):
+    return TrialRun(trial=spec.Trial(name=name, values=values),
+                    command=[sys.executable, "-m", "trainer.main",
+                             *trainer_args(name, values)],
+                    model_dir=os.path.join(args.root, name),
+                    log_path=os.path.join(args.root, LOG_DIR, name + ".log"))
+
+  if args.sampler == "tpe":
+    spec.check_params(params)
+    planned = None
+    checked = tpe_proposals(params, trials=args.trials, seed=args.seed)
+  else:
+    trials = spec.expand(params, trials=args.trials, seed=args.seed)
+    planned = checked = [(t.name, t.values) for t in trials]
+  config = None
+  for name, values in checked:
     try:
-      config = config_lib.from_argv(trainer_args)
+      config = config_lib.from_argv(trainer_args(name, values))
     except ConfigError as e:
-      raise ConfigError(f"trial {trial.name}: {e}") from None
+      raise ConfigError(f"trial {name}: {e}") from None
     if args.metric.startswith("eval/") and config.mode != "train_and_eval":
-      raise ConfigError(f"--metric={args.metric}: trial {trial.name} runs --mode="
+      raise ConfigError(f"--metric={args.metric}: trial {name} runs --mode="
                         f"{config.mode}, which does not evaluate; add -- "
                         "--mode=train_and_eval or pick --metric=train/loss")
-    runs.append(TrialRun(
-        trial=trial, command=[sys.executable, "-m", "trainer.main", *trainer_args],
-        model_dir=model_dir, log_path=os.path.join(args.root, LOG_DIR,
-                                                   trial.name + ".log")))
-  return params, runs
+  _check_pruner(args, config)
+  return Plan(params=params, planned=planned, make_run=make_run,
+              eval_every=config.eval_every or config.train_steps,
+              train_steps=config.train_steps)
 
 
-def _print_dry_run(runs):
-  for run in runs:
-    print(f"{run.name}\n  python {shlex.join(run.command[1:])}")
-  print(f"{len(runs)} trials (dry run: nothing was started)")
+def _check_pruner(args, config):
+  """A pruner ranks trials by their evaluations before the end.
+
+  Raises:
+    ConfigError: --metric is not an evaluation, or the trials do not evaluate
+      every --eval_every steps.
+  """
+  if args.pruner == "none":
+    return
+  if not args.metric.startswith("eval/"):
+    raise ConfigError(f"--pruner={args.pruner}: ranks trials by their evaluations; "
+                      f"--metric={args.metric} is not one (use eval/NAME)")
+  if not config.eval_every or config.eval_every >= config.train_steps:
+    raise ConfigError(f"--pruner={args.pruner}: the trials have no evaluations to "
+                      "rank before the end; add -- --mode=train_and_eval "
+                      "--eval_every=N (N < --train_steps)")
+
+
+def tpe_proposals(params, *, trials: int, seed: int) -> list:
+  """TPE's first proposals with no results yet, as [(name, values)]: what a
+  fresh sweep starts with (its startup trials are seeded random samples)."""
+  optuna = study._optuna()  # pylint: disable=protected-access
+  sampler = study.make_sampler("tpe", seed)
+  probe = optuna.create_study(sampler=sampler)
+  distributions = {p.name: study.distribution(p) for p in params}
+  width = len(str(trials - 1))
+  proposals = []
+  for slot in range(min(trials, 10)):  # TPE's startup trials: the data-free part.
+    values = {name: study._round(value) for name, value in  # pylint: disable=protected-access
+              probe.ask(distributions).params.items()}
+    proposals.append((spec.trial_name(values, prefix=f"{slot:0{width}d}-"), values))
+  return proposals
+
+
+def _print_dry_run(args, plan):
+  """The trials and their commands; for TPE, its first (data-free) proposals."""
+  if plan.planned is None:
+    trials = tpe_proposals(plan.params, trials=args.trials, seed=args.seed)
+    end = (f"{args.trials} trials: the first {len(trials)} proposals of TPE; it "
+           "adapts the others to their results (dry run: nothing was started)")
+  else:
+    trials = plan.planned
+    end = f"{len(trials)} trials (dry run: nothing was started)"
+  for name, values in trials:
+    print(f"{name}\n  python {shlex.join(plan.make_run(name, values).command[1:])}")
+  print(end)
 
 
 def _replace_hparams_config(root, params, metrics):
@@ -171,29 +261,37 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   try:
     args = _parse(argv)
-    params, runs = build_runs(args)
+    plan = build_plan(args)
   except ConfigError as e:
     print(f"sweep.py: error: {e}", file=sys.stderr)
     return int(ExitCode.BAD_INPUT)
   if args.dry_run:
-    _print_dry_run(runs)
+    _print_dry_run(args, plan)
     return 0
+  params = plan.params
   try:
     run_dir.ensure_writable(args.root)
-    with run_dir.locked(args.root, flag="--root"):
-      first = dict.fromkeys([args.metric, "eval/loss", "train/loss"])
-      _replace_hparams_config(args.root, params, list(first))
-      names = [p.name for p in params]
-      print(f"sweep {args.root}: {len(runs)} trials, {args.parallel} at a time, "
-            f"{args.threads_per_trial} TensorFlow threads each", flush=True)
-      sweep = Sweep(root=args.root, runs=runs, parallel=args.parallel,
-                    retries=args.retries,
-                    table=lambda rs: report.live_table(rs, names),
-                    ranking={"metric": args.metric, "goal": args.goal})
-      code = sweep.run()
-      _replace_hparams_config(args.root, params, report.metric_names(runs, first))
-      report.write_results(args.root, runs, names, metric=args.metric,
-                           goal=args.goal)
+    queue = study.StudyQueue(
+        root=args.root, storage=args.storage, study_name=args.study, goal=args.goal,
+        sampler=args.sampler, pruner=args.pruner, seed=args.seed, params=params,
+        planned=plan.planned, trials=args.trials, eval_every=plan.eval_every,
+        train_steps=plan.train_steps)
+    first = dict.fromkeys([args.metric, "eval/loss", "train/loss"])
+    _replace_hparams_config(args.root, params, list(first))
+    names = [p.name for p in params]
+    print(f"sweep {args.root}: study {args.study}, {queue.total} trials "
+          f"({args.sampler}{'' if args.pruner == 'none' else ', ' + args.pruner}), "
+          f"{args.parallel} at a time here, {args.threads_per_trial} TensorFlow "
+          "threads each", flush=True)
+    sweep = Sweep(root=args.root, queue=queue, make_run=plan.make_run,
+                  parallel=args.parallel, retries=args.retries,
+                  table=lambda rs: report.live_table(rs, names),
+                  ranking={"metric": args.metric, "goal": args.goal},
+                  prune_metric=args.metric if args.pruner != "none" else None)
+    code = sweep.run()
+    runs = sweep.runs()
+    _replace_hparams_config(args.root, params, report.metric_names(runs, first))
+    report.write_results(args.root, runs, names, metric=args.metric, goal=args.goal)
   except TrainerError as e:
     print(f"sweep.py: error: {e}", file=sys.stderr)
     return int(e.exit_code)

@@ -135,3 +135,22 @@ def _domain(hp, param: Param):
   if param.distribution == "int":
     return hp.IntInterval(int(param.low), int(param.high))
   return hp.RealInterval(float(param.low), float(param.high))
+
+
+_SESSION_STATUS = {"completed": "STATUS_SUCCESS", "pruned": "STATUS_ABORTED",
+                   "interrupted": "STATUS_RUNNING"}  # Others: STATUS_FAILURE.
+
+
+def write_session_status(model_dir: str, status: str):
+  """Ends the trial's HParams session with its sweep status (a pruned trial is
+  STATUS_ABORTED in TensorBoard's HParams tab, a failed one STATUS_FAILURE)."""
+  if not os.path.isdir(model_dir):
+    return
+  tf = tf_loader.load_tensorflow()
+  from tensorboard.plugins.hparams import api_pb2, summary  # pylint: disable=g-import-not-at-top
+  code = getattr(api_pb2, _SESSION_STATUS.get(status, "STATUS_FAILURE"))
+  writer = tf.summary.create_file_writer(model_dir)
+  with writer.as_default():
+    tf.summary.experimental.write_raw_pb(
+        summary.session_end_pb(code).SerializeToString(), step=0)
+  writer.close()

@@ -1,13 +1,20 @@
 """Runs a sweep's trials as `python -m trainer.main` subprocesses, --parallel at once.
 
-Each trial trains in ROOT/<trial name> and logs to ROOT/logs/<trial name>.log. A
-trial whose results.json says "completed" is done and skipped on a rerun; an
-interrupted one resumes from its checkpoints (the trainer does that by itself on
-the same model_dir); a failed one is retried. A failure is recorded with its error
-line and never stops the other trials. ROOT/sweep.json records every trial's state
-so a rerun (and `python -m trainer.inspect ROOT`) knows what happened.
+The trials come from the sweep's Optuna study (trainer/sweeps/study.py), which
+several sweep processes may share: each claims the next waiting trial. Each trial
+trains in ROOT/<trial name> and logs to ROOT/logs/<trial name>.log. Its
+evaluations are reported to the study's pruner as they appear in the log; a
+pruned trial is stopped like an interrupted one (SIGTERM: checkpoint, exit 4) and
+marked "pruned". A failed trial is retried; a failure is recorded with its error
+line and never stops the other trials. An interrupted trial goes back to the
+queue and resumes from its checkpoints when the sweep is rerun. ROOT/sweep.json
+records every trial's state for `python -m trainer.inspect ROOT`.
+
+A trial dies with its sweep (PR_SET_PDEATHSIG: a SIGKILLed sweep's trials get a
+SIGTERM, save and stop), so a rerun can take them over.
 """
 
+import ctypes
 import dataclasses
 import os
 import signal
@@ -18,7 +25,9 @@ from typing import Optional
 
 from trainer.outputs import progress, run_dir
 from trainer.errors import ExitCode
+from trainer.sweeps import report
 from trainer.sweeps.spec import Trial
+from trainer.sweeps.study import HEARTBEAT_SECONDS
 
 SWEEP_FILE = "sweep.json"
 FINISHED = ("completed", "early_stopped")  # A trial's results.json statuses: done.
@@ -26,6 +35,7 @@ LOG_DIR = "logs"
 _POLL_SECONDS = 0.25
 _LIVE_TABLE_SECONDS = 1.0  # On a terminal the table is redrawn in place.
 _PLAIN_TABLE_SECONDS = 30.0  # In a log: on every start and end, and this often.
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies.
 
 
 @dataclasses.dataclass
@@ -35,7 +45,8 @@ class TrialRun:
   command: list
   model_dir: str
   log_path: str
-  status: str = "pending"  # pending, running, completed, diverged, failed, interrupted
+  status: str = "pending"  # pending, running, completed, pruned, diverged, failed,
+  # interrupted
   attempts: int = 0
   returncode: Optional[int] = None
   error: str = ""
@@ -44,6 +55,9 @@ class TrialRun:
   process: Optional[subprocess.Popen] = None
   started: float = 0.0
   log_offset: int = 0
+  optuna_trial: object = None  # The study's trial this run is (while running).
+  elapsed_before: float = 0.0  # Seconds of earlier invocations.
+  pruning: bool = False  # The pruner stopped it.
 
   @property
   def name(self) -> str:
@@ -71,26 +85,37 @@ def results_metrics(results: dict) -> dict:
   return metrics
 
 
-class Sweep:
-  """Schedules the trials of one sweep root and keeps its record."""
+def _die_with_parent():
+  """In the trial's process before exec: SIGTERM when the sweep process dies."""
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
-  def __init__(self, *, root: str, runs: list, parallel: int, retries: int,
-               table, out=None, ranking: Optional[dict] = None):
+
+class Sweep:
+  """Runs the trials this process claims from the study, and keeps the record."""
+
+  def __init__(self, *, root: str, queue, make_run, parallel: int, retries: int,
+               table, out=None, ranking: Optional[dict] = None,
+               prune_metric: Optional[str] = None):
     """Creates the scheduler.
 
     Args:
       root: the sweep directory (trials are its subdirectories).
-      runs: TrialRun for every trial, in order.
-      parallel: how many trials run at once.
+      queue: the sweep's StudyQueue.
+      make_run: `make_run(name, values) -> TrialRun`, a trial's command.
+      parallel: how many trials this process runs at once.
       retries: extra attempts a failed trial gets in this invocation.
       table: `table(runs) -> str`, the live table's text.
       out: where the table and messages go (default stdout).
       ranking: {"metric": ..., "goal": ...}, recorded in sweep.json for readers.
+      prune_metric: "eval/NAME" reported to the study's pruner (None: no pruning).
     """
     self._ranking = ranking or {}
     self.bad_metric = None  # Why --metric cannot rank, once a trial shows it.
     self.root = root
-    self.runs = runs
+    self._queue = queue
+    self._make_run = make_run
+    self._prune_metric = prune_metric
     self._parallel = parallel
     self._retries = retries
     self._table = table
@@ -99,49 +124,65 @@ class Sweep:
     self._drawn_lines = 0
     self._last_draw = 0.0
     self._live = self._out.isatty()
+    self._running = []
+    self._last_beat = 0.0
+
+  def _done(self, name) -> bool:
+    results = run_dir.read_json(os.path.join(self.root, name, run_dir.RESULTS_FILE))
+    return isinstance(results, dict) and results.get("status") in FINISHED
 
   def run(self) -> int:
-    """Runs every unfinished trial; returns the sweep's exit code.
+    """Runs trials until the study has none waiting; returns the exit code.
 
     Returns:
-      0 if every trial completed, 4 if interrupted, 1 if any trial failed or
-      diverged (the rest still ran).
+      0 if every trial completed or was pruned, 4 if interrupted, 1 if any trial
+      failed or diverged (the rest still ran).
     """
     os.makedirs(os.path.join(self.root, LOG_DIR), exist_ok=True)
-    self._load_previous()
-    queue = [r for r in self.runs if r.status != "completed"]
-    done = len(self.runs) - len(queue)
+    done = self._queue.prepare(done=self._done)
     if done:
-      self._say(f"{done} of {len(self.runs)} trials already completed; skipping them")
-    attempts_left = {r.name: 1 + self._retries for r in queue}
+      self._say(f"{done} of {self._queue.total} trials already completed; "
+                "skipping them")
     previous = {s: signal.signal(s, self._request_stop)
                 for s in (signal.SIGINT, signal.SIGTERM)}
+    retry = []  # Failed runs with attempts left, started again before new claims.
+    attempts_left = {}
     try:
-      running = []
-      while queue or running:
+      while True:
         changed = False
-        while queue and len(running) < self._parallel and not self._stopping:
-          run = queue.pop(0)
+        while len(self._running) < self._parallel and not self._stopping:
+          run = retry.pop(0) if retry else self._claim()
+          if run is None:
+            break
+          attempts_left.setdefault(run.name, 1 + self._retries)
           attempts_left[run.name] -= 1
           self._start(run)
-          running.append(run)
+          self._running.append(run)
           changed = self._live  # In a log, a table per trial end is enough.
+        if not self._running:
+          break
         self._draw(force=changed)
         time.sleep(_POLL_SECONDS)
         changed = False
-        for run in list(running):
+        for run in list(self._running):
           self._read_log(run)
-          if run.process.poll() is not None:
-            running.remove(run)
-            self._finish(run)
-            changed = True
-            if run.status == "failed" and attempts_left[run.name] > 0:
-              self._say(f"{run.name}: failed ({run.error}); retrying once")
-              queue.append(run)
+          if run.process.poll() is None:
+            run.elapsed = run.elapsed_before + time.monotonic() - run.started
+            continue
+          self._running.remove(run)
+          self._finish(run)
+          changed = True
+          if run.status == "failed" and attempts_left[run.name] > 0 and (
+              not self._stopping):
+            self._say(f"{run.name}: failed ({run.error}); retrying once")
+            retry.append(run)
           else:
-            run.elapsed = time.monotonic() - run.started
-        if self._stopping:
-          queue = []
+            self._queue.finish(run.optuna_trial, status=run.status,
+                               value=run.metrics.get(self._ranking.get("metric")),
+                               attempts=run.attempts, error=run.error,
+                               elapsed=run.elapsed)
+            report.write_session_status(run.model_dir, run.status)
+        self._heartbeat()
         self._draw(force=changed)
     finally:
       for sig, old in previous.items():
@@ -152,34 +193,52 @@ class Sweep:
       return int(ExitCode.BAD_INPUT)
     if self._stopping:
       return int(ExitCode.INTERRUPTED)
-    return 0 if all(r.status == "completed" for r in self.runs) else 1
+    return 0 if all(r.status in ("completed", "pruned") for r in self.runs()) else 1
+
+  def _claim(self):
+    claimed = self._queue.claim()
+    if claimed is None:
+      return None
+    trial, name, values = claimed
+    run = self._make_run(name, values)
+    run.optuna_trial = trial
+    run.attempts = trial.user_attrs.get("attempts", 0)
+    run.elapsed_before = trial.user_attrs.get("elapsed", 0.0)
+    return run
+
+  def _heartbeat(self):
+    if time.monotonic() - self._last_beat >= HEARTBEAT_SECONDS:
+      self._last_beat = time.monotonic()
+      self._queue.heartbeat([r.optuna_trial for r in self._running])
+
+  def runs(self) -> list:
+    """Every trial of the study as a TrialRun: this process's running ones live,
+    the others from the study and their results.json."""
+    live = {run.name: run for run in self._running}
+    runs = []
+    for record in self._queue.records():
+      if record.name in live:
+        runs.append(live[record.name])
+        continue
+      # A trial of another process, or finished: what the study and files say.
+      run = TrialRun(trial=Trial(name=record.name, values=record.values), command=[],
+                     model_dir=os.path.join(self.root, record.name), log_path="",
+                     status=record.status, attempts=record.attempts,
+                     error=record.error, elapsed=record.elapsed)
+      results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
+      if isinstance(results, dict):
+        run.metrics = results_metrics(results)
+      log = os.path.join(self.root, LOG_DIR, record.name + ".log")
+      run.command = _logged_command(log)
+      runs.append(run)
+    return runs
 
   def _request_stop(self, signum, frame):
     del frame
     self._stopping = signal.Signals(signum).name
-    for run in self.runs:
+    for run in self._running:
       if run.process is not None and run.process.poll() is None:
         run.process.send_signal(signal.SIGTERM)  # The trial saves and exits 4.
-
-  def _load_previous(self):
-    """Marks trials completed by an earlier invocation; keeps their record."""
-    record = run_dir.read_json(os.path.join(self.root, SWEEP_FILE))
-    trials = record.get("trials") if isinstance(record, dict) else None
-    previous = {t["name"]: t for t in (trials if isinstance(trials, list) else [])
-                if isinstance(t, dict) and isinstance(t.get("name"), str)}
-    for run in self.runs:
-      old = previous.get(run.name, {})
-      attempts, elapsed = old.get("attempts"), old.get("elapsed_s")
-      run.attempts = attempts if isinstance(attempts, int) else 0
-      run.elapsed = float(elapsed) if isinstance(elapsed, (int, float)) else 0.0
-      results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
-      if isinstance(results, dict) and results.get("status") in FINISHED:
-        run.status, run.metrics = "completed", results_metrics(results)
-        run.error = ""
-      elif old:
-        run.status, run.error = old.get("status", "pending"), old.get("error", "")
-        if run.status == "completed":  # Its results.json is gone: redo it.
-          run.status = "pending"
 
   def _start(self, run):
     run.attempts += 1
@@ -193,7 +252,8 @@ class Sweep:
     env.pop("TF_CONFIG", None)  # A trial is one process, never a cluster worker.
     with log:
       run.process = subprocess.Popen(run.command, stdout=log, stderr=subprocess.STDOUT,
-                                     env=env, stdin=subprocess.DEVNULL)
+                                     env=env, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)
     self._save_record()
 
   def _read_log(self, run):
@@ -204,11 +264,17 @@ class Sweep:
     complete = text[:text.rfind("\n") + 1]  # Leave a half-written line for later.
     run.log_offset += len(complete.encode())
     for line in complete.splitlines():
-      run.metrics.update(progress.parse_line(line))
+      values = progress.parse_line(line)
+      run.metrics.update(values)
+      metric = self._prune_metric
+      if (metric in values and not run.pruning and
+          self._queue.report(run.optuna_trial, values["step"], values[metric])):
+        run.pruning = True  # Stopped like an interrupted trial: checkpoint, exit 4.
+        run.process.send_signal(signal.SIGTERM)
 
   def _finish(self, run):
     run.returncode = run.process.returncode
-    run.elapsed = time.monotonic() - run.started
+    run.elapsed = run.elapsed_before + time.monotonic() - run.started
     results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
     if isinstance(results, dict):
       run.metrics.update(results_metrics(results))
@@ -220,7 +286,12 @@ class Sweep:
       run.status = "interrupted"  # Out of --max_time: a rerun resumes it.
     if self._stopping and run.returncode in (-signal.SIGTERM, -signal.SIGINT):
       run.status = "interrupted"  # Stopped by the sweep before it could save.
-    if run.status != "completed":
+    if run.pruning and run.status in ("interrupted", "completed"):
+      run.status = "pruned"
+      if isinstance(results, dict):  # trainer.inspect of the trial says so too.
+        run_dir.write_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE),
+                           dict(results, status="pruned"))
+    if run.status not in ("completed", "pruned"):
       run.error = _last_error_line(run.log_path) or f"exit code {run.returncode}"
     metric = self._ranking.get("metric")
     if run.status == "completed" and metric and metric not in run.metrics:
@@ -232,7 +303,7 @@ class Sweep:
 
   def _save_record(self):
     run_dir.write_json(os.path.join(self.root, SWEEP_FILE),
-                       dict(self._ranking, trials=[r.record() for r in self.runs]))
+                       dict(self._ranking, trials=[r.record() for r in self.runs()]))
 
   def _say(self, message):
     self._out.write(message + "\n")
@@ -250,13 +321,23 @@ class Sweep:
     interval = _LIVE_TABLE_SECONDS if self._live else _PLAIN_TABLE_SECONDS
     if not (force or final or now - self._last_draw >= interval):
       return
-    text = self._table(self.runs)
+    text = self._table(self.runs())
     if self._live and self._drawn_lines:
       self._out.write(f"\x1b[{self._drawn_lines}F\x1b[J")  # Up, then clear below.
     self._out.write(text + "\n")
     self._out.flush()
     self._drawn_lines = text.count("\n") + 1 if self._live and not final else 0
     self._last_draw = now
+
+
+def _logged_command(log_path: str) -> list:
+  """The command of a trial's latest attempt, from its log (another process's)."""
+  try:
+    with open(log_path, errors="replace") as f:
+      attempts = [line for line in f if line.startswith("# attempt ")]
+  except OSError:
+    return []
+  return attempts[-1].split(": ", 1)[1].split() if attempts else []
 
 
 def _last_error_line(log_path: str) -> str:

@@ -154,9 +154,20 @@ def parse_random(text: str, task_class=None) -> Param:
   return Param(name=name, distribution=distribution, low=low, high=high)
 
 
-def _name(values: dict, prefix: str = "") -> str:
+def trial_name(values: dict, prefix: str = "") -> str:
+  """A trial's name (its directory): `prefix` and NAME=VALUE pairs."""
   parts = [f"{k}={flag_text(v)}" for k, v in values.items()]
   return (prefix + ",".join(parts)).replace("/", "_")
+
+
+def check_params(params: list):
+  """Raises ConfigError when there is nothing to sweep or a flag is swept twice."""
+  if not params:
+    raise ConfigError("nothing to sweep: give at least one --grid or --random")
+  names = [p.name for p in params]
+  repeated = sorted({n for n in names if names.count(n) > 1})
+  if repeated:
+    raise ConfigError(f"--{repeated[0]} is swept more than once")
 
 
 def expand(params: list, *, trials: int, seed: int) -> list:
@@ -173,18 +184,13 @@ def expand(params: list, *, trials: int, seed: int) -> list:
   Raises:
     ConfigError: no params, a flag swept twice, or fewer than 1 random trial.
   """
-  if not params:
-    raise ConfigError("nothing to sweep: give at least one --grid or --random")
-  names = [p.name for p in params]
-  repeated = sorted({n for n in names if names.count(n) > 1})
-  if repeated:
-    raise ConfigError(f"--{repeated[0]} is swept more than once")
+  check_params(params)
   grid = [p for p in params if p.distribution == "grid"]
   sampled = [p for p in params if p.distribution != "grid"]
   points = [dict(zip([p.name for p in grid], combo))
             for combo in itertools.product(*[p.values for p in grid])]
   if not sampled:
-    return [Trial(name=_name(point), values=point) for point in points]
+    return [Trial(name=trial_name(point), values=point) for point in points]
   if trials < 1:
     raise ConfigError(f"--trials={trials}: must be at least 1 with --random")
   rng = random.Random(seed)
@@ -194,7 +200,7 @@ def expand(params: list, *, trials: int, seed: int) -> list:
     sample = {p.name: p.sample(rng) for p in sampled}
     for point in points:
       values = dict(point, **sample)
-      result.append(Trial(name=_name(values, prefix=f"{index:0{width}d}-"),
+      result.append(Trial(name=trial_name(values, prefix=f"{index:0{width}d}-"),
                           values=values))
   return result
 

@@ -1,0 +1,350 @@
+"""A sweep's trials as an Optuna study that one or many sweep processes share.
+
+The study lives in `--storage` (default: an SQLite file in the sweep root; a
+PostgreSQL/MySQL URL or a journal file on shared storage for many machines). The
+first process plans it: it enqueues exactly the sweep's trials, with their values
+for grid and random search, empty for TPE (whose sampler proposes each one when it
+is claimed). Every process then claims waiting trials one at a time under a lock
+file in the root, so no trial runs twice and the total is exact.
+
+A trial is a `python -m trainer.main` run in ROOT/<name>. Optuna cannot put a
+trial back in the queue, so a trial that must run again (interrupted, failed,
+orphaned by a killed sweep, its results deleted) is replaced: the old one is
+marked failed and superseded, and a copy with the same name, values and attempt
+count is enqueued; the copy trains in the same directory and so resumes from its
+checkpoints. The table shows each name's newest trial.
+
+Example:
+
+  queue = StudyQueue(root="runs/s1", storage=None, study_name="sweep",
+                     goal="max", sampler="tpe", pruner="asha", seed=0,
+                     params=params, planned=None, trials=24, eval_every=100,
+                     train_steps=1000)
+  queue.prepare()
+  claimed = queue.claim()  # (optuna trial, name, values) or None when done.
+"""
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import socket
+import time
+
+from trainer.errors import ConfigError
+from trainer.sweeps.spec import Param, trial_name
+
+SAMPLERS = ("grid", "random", "tpe")
+PRUNERS = ("none", "median", "asha", "hyperband")
+STUDY_DB = "study.db"
+LOCK_FILE = ".study.lock"
+REDUCTION_FACTOR = 3  # ASHA and Hyperband keep the best third at each rung.
+HEARTBEAT_SECONDS = 10.0
+STALE_SECONDS = 120.0  # A trial of another machine without a heartbeat this long.
+
+
+def _optuna():
+  import optuna  # pylint: disable=g-import-not-at-top
+  optuna.logging.set_verbosity(optuna.logging.WARNING)
+  return optuna
+
+
+def open_storage(url, root: str):
+  """The Optuna storage of `--storage` (default: ROOT/study.db).
+
+  Args:
+    url: an SQLAlchemy URL (sqlite:///F, postgresql://..., mysql://...), a
+      `journal:PATH` file, or None.
+    root: the sweep root (created already).
+
+  Raises:
+    ConfigError: naming the storage and why it cannot be opened.
+  """
+  optuna = _optuna()
+  url = url or f"sqlite:///{os.path.abspath(os.path.join(root, STUDY_DB))}"
+  try:
+    if url.startswith("journal:"):
+      from optuna.storages.journal import JournalFileBackend  # pylint: disable=g-import-not-at-top
+      return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal:"):]))
+    if "://" not in url:
+      raise ValueError("not a database URL")
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+  except Exception as e:  # pylint: disable=broad-except
+    # SQLAlchemy, drivers and the file system each raise their own kinds.
+    reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    raise ConfigError(f"--storage={url}: cannot open it ({reason}); use "
+                      "sqlite:///FILE, postgresql://..., mysql://... or "
+                      "journal:FILE") from None
+
+
+def make_sampler(kind: str, seed: int):
+  optuna = _optuna()
+  if kind == "tpe":
+    return optuna.samplers.TPESampler(seed=seed)
+  # Grid and random trials are planned (enqueued with their values) up front.
+  return optuna.samplers.RandomSampler(seed=seed)
+
+
+def make_pruner(kind: str, *, eval_every: int, train_steps: int):
+  """The pruner; its rungs are the trials' evaluation steps (--eval_every)."""
+  pruners = _optuna().pruners
+  if kind == "median":
+    return pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0,
+                                interval_steps=1)
+  if kind == "asha":
+    return pruners.SuccessiveHalvingPruner(min_resource=eval_every,
+                                           reduction_factor=REDUCTION_FACTOR)
+  if kind == "hyperband":
+    return pruners.HyperbandPruner(min_resource=eval_every, max_resource=train_steps,
+                                   reduction_factor=REDUCTION_FACTOR)
+  return pruners.NopPruner()
+
+
+def distribution(param: Param):
+  """The Optuna distribution of a swept flag."""
+  distributions = _optuna().distributions
+  if param.distribution in ("grid", "choice"):
+    return distributions.CategoricalDistribution(list(param.values))
+  if param.distribution == "int":
+    return distributions.IntDistribution(int(param.low), int(param.high))
+  return distributions.FloatDistribution(param.low, param.high,
+                                         log=param.distribution == "loguniform")
+
+
+def _round(value):
+  """Sampled floats are rounded (as random search does) so names stay readable."""
+  return float(f"{value:.4g}") if isinstance(value, float) else value
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+@dataclasses.dataclass
+class Record:
+  """What the sweep knows of one trial name (its newest Optuna trial)."""
+  name: str
+  values: dict
+  status: str
+  attempts: int = 0
+  error: str = ""
+  elapsed: float = 0.0
+  number: int = -1
+
+
+class StudyQueue:
+  """The study of one sweep root: planned once, claimed by any sweep process."""
+
+  def __init__(self, *, root: str, storage, study_name: str, goal: str, sampler: str,
+               pruner: str, seed: int, params: list, planned, trials: int,
+               eval_every: int, train_steps: int):
+    """Opens (or creates) the study.
+
+    Args:
+      root: the sweep root (holds the lock file, and the default storage).
+      storage: --storage, or None for ROOT/study.db.
+      study_name: --study.
+      goal: "max" or "min" of --metric.
+      sampler: one of SAMPLERS.
+      pruner: one of PRUNERS.
+      seed: --seed.
+      params: the swept Params.
+      planned: [(name, values)] of grid and random search; None for TPE.
+      trials: how many trials TPE proposes.
+      eval_every: the trials' --eval_every (the pruner's rungs).
+      train_steps: the trials' --train_steps.
+
+    Raises:
+      ConfigError: the storage cannot be opened, or the study there was planned
+        with other options.
+    """
+    optuna = _optuna()
+    self._root = root
+    self._params = params
+    self._planned = planned
+    self._trials = len(planned) if planned is not None else trials
+    self._plan = {"sampler": sampler, "seed": seed, "trials": self._trials,
+                  "params": [dataclasses.asdict(p) for p in params]}
+    self._lock_path = os.path.join(root, LOCK_FILE)
+    self._owner = {"host": socket.gethostname(), "pid": os.getpid()}
+    self._distributions = {p.name: distribution(p) for p in params}
+    with self._locked():
+      try:
+        self.study = optuna.create_study(
+            storage=open_storage(storage, root), study_name=study_name,
+            sampler=make_sampler(sampler, seed),
+            pruner=make_pruner(pruner, eval_every=eval_every, train_steps=train_steps),
+            direction="maximize" if goal == "max" else "minimize",
+            load_if_exists=True)
+      except ValueError as e:  # E.g. the study exists with the other direction.
+        raise ConfigError(f"--study={study_name}: {e}") from None
+
+  @contextlib.contextmanager
+  def _locked(self):
+    """Serialises planning and claiming between the sweep processes of a root."""
+    with open(self._lock_path, "a") as f:
+      fcntl.flock(f, fcntl.LOCK_EX)
+      try:
+        yield
+      finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+  @property
+  def total(self) -> int:
+    return self._trials
+
+  def prepare(self, *, done) -> int:
+    """Plans the study if nobody has, and queues again the trials that must run
+    again: not finished, not running in a live process (or without a heartbeat
+    from another machine), or finished but with their results gone.
+
+    Args:
+      done: `done(name) -> bool`, whether a trial's directory holds a finished run.
+
+    Returns:
+      How many trials were already finished.
+
+    Raises:
+      ConfigError: the study was planned by another sweep (other options).
+    """
+    state = _optuna().trial.TrialState
+    with self._locked():
+      attrs = self.study.user_attrs
+      if "plan" not in attrs:
+        self._enqueue_plan()
+      elif attrs["plan"] != json.loads(json.dumps(self._plan)):
+        raise ConfigError(
+            f"--study={self.study.study_name}: it was planned with other sweep "
+            f"options ({_describe(attrs['plan'])}); use them, or another --study or "
+            "--root")
+      finished = 0
+      for trial in self._newest().values():
+        status = trial.user_attrs.get("status", "pending")
+        if trial.state == state.WAITING:
+          continue
+        if trial.state == state.RUNNING:
+          if self._orphaned(trial):  # Its sweep was killed: resume it.
+            self._requeue(trial, "interrupted")
+        elif status == "pruned" or (status == "completed" and
+                                    done(trial.user_attrs["name"])):
+          finished += 1
+        else:  # Failed, diverged, or completed with its results gone.
+          self._requeue(trial, "pending" if status == "completed" else status)
+      return finished
+
+  def _enqueue_plan(self):
+    width = len(str(self._trials - 1))
+    for slot in range(self._trials):
+      if self._planned is None:
+        self.study.enqueue_trial({}, user_attrs={"slot": slot, "width": width,
+                                                 "status": "pending"})
+      else:
+        name, values = self._planned[slot]
+        self.study.enqueue_trial(values, user_attrs={
+            "slot": slot, "name": name, "values": values, "status": "pending"})
+    self.study.set_user_attr("plan", self._plan)
+
+  def _orphaned(self, trial) -> bool:
+    """A running trial whose sweep process is gone."""
+    owner = trial.user_attrs.get("owner") or {}
+    if owner.get("host") == self._owner["host"]:
+      return owner.get("pid") != self._owner["pid"] and not _pid_alive(owner["pid"])
+    beat = trial.user_attrs.get("heartbeat", 0.0)
+    return time.time() - beat > STALE_SECONDS
+
+  def _requeue(self, trial, status: str):
+    """Replaces a trial by a copy in the queue (same name, values, attempts)."""
+    attrs = dict(trial.user_attrs, status=status)
+    attrs.pop("owner", None)
+    attrs.pop("heartbeat", None)
+    if trial.state == _optuna().trial.TrialState.RUNNING:
+      self.study.tell(trial.number, state=_optuna().trial.TrialState.FAIL,
+                      skip_if_finished=True)
+    params = {p: trial.params[p] for p in trial.params}
+    self.study.enqueue_trial(params, user_attrs=attrs)
+
+  def _newest(self) -> dict:
+    """{name or slot: newest FrozenTrial} over the study."""
+    newest = {}
+    for trial in self.study.get_trials(deepcopy=False):
+      key = trial.user_attrs.get("name") or f"#{trial.user_attrs.get('slot')}"
+      if key not in newest or trial.number > newest[key].number:
+        newest[key] = trial
+    return newest
+
+  def claim(self):
+    """Takes the next waiting trial: (optuna Trial, name, values), or None."""
+    state = _optuna().trial.TrialState
+    with self._locked():
+      if not self.study.get_trials(deepcopy=False, states=(state.WAITING,)):
+        return None
+      trial = self.study.ask(self._distributions)
+    values = {p.name: _round(trial.params[p.name]) for p in self._params}
+    name = trial.user_attrs.get("name")
+    if name is None:  # A TPE proposal: named by its slot and values.
+      slot, width = trial.user_attrs["slot"], trial.user_attrs["width"]
+      name = trial_name(values, prefix=f"{slot:0{width}d}-")
+      trial.set_user_attr("name", name)
+      trial.set_user_attr("values", values)
+    trial.set_user_attr("owner", self._owner)
+    trial.set_user_attr("heartbeat", time.time())
+    trial.set_user_attr("status", "running")
+    return trial, name, values
+
+  def heartbeat(self, trials):
+    """Tells other machines that these trials are still running."""
+    now = time.time()
+    for trial in trials:
+      trial.set_user_attr("heartbeat", now)
+
+  @staticmethod
+  def report(trial, step: int, value: float) -> bool:
+    """Reports an evaluation; returns whether the pruner stops the trial."""
+    trial.report(value, step)
+    return trial.should_prune()
+
+  def finish(self, trial, *, status: str, value=None, attempts: int, error: str,
+             elapsed: float):
+    """Records how a claimed trial ended; an interrupted one goes back in the
+    queue (a rerun resumes it)."""
+    state = _optuna().trial.TrialState
+    for key, item in (("status", status), ("attempts", attempts), ("error", error),
+                      ("elapsed", round(elapsed, 1))):
+      trial.set_user_attr(key, item)
+    with self._locked():
+      if status == "completed" and value is not None:
+        self.study.tell(trial, value)
+      elif status == "pruned":
+        self.study.tell(trial, state=state.PRUNED)
+      else:
+        self.study.tell(trial, state=state.FAIL)
+        if status == "interrupted":
+          self._requeue(self.study.get_trials(deepcopy=False)[trial.number], status)
+
+  def records(self) -> list:
+    """Every trial name's newest record, in planned order."""
+    records = []
+    for trial in sorted(self._newest().values(),
+                        key=lambda t: (t.user_attrs.get("slot", 0), t.number)):
+      attrs = trial.user_attrs
+      values = attrs.get("values") or {}
+      records.append(Record(
+          name=attrs.get("name") or f"(proposal {attrs.get('slot')})",
+          values=values, status=attrs.get("status", "pending"),
+          attempts=attrs.get("attempts", 0), error=attrs.get("error", ""),
+          elapsed=attrs.get("elapsed", 0.0), number=trial.number))
+    return records
+
+
+def _describe(plan: dict) -> str:
+  params = ", ".join(p.get("name", "?") for p in plan.get("params", []))
+  return (f"--sampler={plan.get('sampler')}, --seed={plan.get('seed')}, "
+          f"{plan.get('trials')} trials over {params}")
