@@ -5,6 +5,7 @@ trainer would parse it; for TPE, its first proposals) before anything is written
 then opens the sweep's Optuna study, runs the trials it claims, and reports.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -252,7 +253,9 @@ def _replace_hparams_config(root, params, metrics):
   invocation, or at the start of this one before the trials' metrics were known)."""
   for name in os.listdir(root):
     if name.startswith("events.out.tfevents."):
-      os.remove(os.path.join(root, name))  # Only the sweep writes events at ROOT.
+      # Only sweeps write events at ROOT; another process of it may remove it too.
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(root, name))
   report.write_hparams_config(root, params, metrics)
 
 
@@ -270,13 +273,16 @@ def main(argv=None) -> int:
     return 0
   params = plan.params
   try:
+    if args.storage:  # Before the root is created: a bad URL writes nothing.
+      study.open_storage(args.storage, args.root)
     run_dir.ensure_writable(args.root)
     queue = study.StudyQueue(
         root=args.root, storage=args.storage, study_name=args.study, goal=args.goal,
         sampler=args.sampler, pruner=args.pruner, seed=args.seed, params=params,
         planned=plan.planned, trials=args.trials, eval_every=plan.eval_every,
         train_steps=plan.train_steps)
-    first = dict.fromkeys([args.metric, "eval/loss", "train/loss"])
+    first = dict.fromkeys([args.metric, "eval/loss", "train/loss"] + (
+        [report.PRUNED_METRIC] if args.pruner != "none" else []))
     _replace_hparams_config(args.root, params, list(first))
     names = [p.name for p in params]
     print(f"sweep {args.root}: study {args.study}, {queue.total} trials "

@@ -137,20 +137,28 @@ def _domain(hp, param: Param):
   return hp.RealInterval(float(param.low), float(param.high))
 
 
-_SESSION_STATUS = {"completed": "STATUS_SUCCESS", "pruned": "STATUS_ABORTED",
-                   "interrupted": "STATUS_RUNNING"}  # Others: STATUS_FAILURE.
+PRUNED_METRIC = "sweep/pruned"  # 1 for a pruned trial, 0 for one that ran to its end.
+_SESSION_STATUS = {"completed": "STATUS_SUCCESS", "pruned": "STATUS_SUCCESS",
+                   "failed": "STATUS_FAILURE", "diverged": "STATUS_FAILURE"}
 
 
-def write_session_status(model_dir: str, status: str):
-  """Ends the trial's HParams session with its sweep status (a pruned trial is
-  STATUS_ABORTED in TensorBoard's HParams tab, a failed one STATUS_FAILURE)."""
-  if not os.path.isdir(model_dir):
+def write_trial_status(model_dir: str, status: str, *, step):
+  """Ends the trial's HParams session (STATUS_SUCCESS, or STATUS_FAILURE for a
+  failed or diverged trial) and writes its sweep/pruned scalar (1 when the pruner
+  stopped it at `step`, else 0), a column of TensorBoard's HParams table.
+  HParams has no status for a pruned session."""
+  if not os.path.isdir(model_dir) or status not in _SESSION_STATUS:
     return
   tf = tf_loader.load_tensorflow()
   from tensorboard.plugins.hparams import api_pb2, summary  # pylint: disable=g-import-not-at-top
-  code = getattr(api_pb2, _SESSION_STATUS.get(status, "STATUS_FAILURE"))
+  code = api_pb2.Status.Value(_SESSION_STATUS[status])
   writer = tf.summary.create_file_writer(model_dir)
   with writer.as_default():
     tf.summary.experimental.write_raw_pb(
         summary.session_end_pb(code).SerializeToString(), step=0)
+  writer.close()
+  group, tag = PRUNED_METRIC.split("/")
+  writer = tf.summary.create_file_writer(os.path.join(model_dir, group))
+  with writer.as_default():
+    tf.summary.scalar(tag, float(status == "pruned"), step=step or 0)
   writer.close()

@@ -135,8 +135,9 @@ class Sweep:
     """Runs trials until the study has none waiting; returns the exit code.
 
     Returns:
-      0 if every trial completed or was pruned, 4 if interrupted, 1 if any trial
-      failed or diverged (the rest still ran).
+      0 if no trial failed (the others completed, were pruned, or still run in
+      other sweep processes), 4 if interrupted, 1 if any trial failed or diverged
+      (the rest still ran).
     """
     os.makedirs(os.path.join(self.root, LOG_DIR), exist_ok=True)
     done = self._queue.prepare(done=self._done)
@@ -181,7 +182,8 @@ class Sweep:
                                value=run.metrics.get(self._ranking.get("metric")),
                                attempts=run.attempts, error=run.error,
                                elapsed=run.elapsed)
-            report.write_session_status(run.model_dir, run.status)
+            report.write_trial_status(run.model_dir, run.status,
+                                      step=run.metrics.get("step"))
         self._heartbeat()
         self._draw(force=changed)
     finally:
@@ -193,7 +195,12 @@ class Sweep:
       return int(ExitCode.BAD_INPUT)
     if self._stopping:
       return int(ExitCode.INTERRUPTED)
-    return 0 if all(r.status in ("completed", "pruned") for r in self.runs()) else 1
+    runs = self.runs()
+    elsewhere = sum(r.status == "running" for r in runs)
+    if elsewhere:
+      self._say(f"{elsewhere} trial(s) still running in other sweep processes of "
+                "this study; their results join the table when they finish")
+    return 1 if any(r.status in ("failed", "diverged") for r in runs) else 0
 
   def _claim(self):
     claimed = self._queue.claim()
@@ -242,6 +249,7 @@ class Sweep:
 
   def _start(self, run):
     run.attempts += 1
+    run.optuna_trial.set_user_attr("attempts", run.attempts)  # Also if killed.
     run.status, run.error, run.returncode = "running", "", None
     run.started = time.monotonic()
     log = open(run.log_path, "a")  # pylint: disable=consider-using-with

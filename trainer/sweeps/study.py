@@ -41,6 +41,7 @@ STUDY_DB = "study.db"
 LOCK_FILE = ".study.lock"
 REDUCTION_FACTOR = 3  # ASHA and Hyperband keep the best third at each rung.
 HEARTBEAT_SECONDS = 10.0
+_OPEN_ATTEMPTS = 5
 STALE_SECONDS = 120.0  # A trial of another machine without a heartbeat this long.
 
 
@@ -63,20 +64,25 @@ def open_storage(url, root: str):
   """
   optuna = _optuna()
   url = url or f"sqlite:///{os.path.abspath(os.path.join(root, STUDY_DB))}"
-  try:
-    if url.startswith("journal:"):
-      from optuna.storages.journal import JournalFileBackend  # pylint: disable=g-import-not-at-top
-      return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal:"):]))
-    if "://" not in url:
-      raise ValueError("not a database URL")
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-  except Exception as e:  # pylint: disable=broad-except
-    # SQLAlchemy, drivers and the file system each raise their own kinds.
-    reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-    raise ConfigError(f"--storage={url}: cannot open it ({reason}); use "
-                      "sqlite:///FILE, postgresql://..., mysql://... or "
-                      "journal:FILE") from None
+  for attempt in range(_OPEN_ATTEMPTS):
+    try:
+      if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend  # pylint: disable=g-import-not-at-top
+        return optuna.storages.JournalStorage(
+            JournalFileBackend(url[len("journal:"):]))
+      if "://" not in url:
+        raise ValueError("not a database URL")
+      kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+      return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      # SQLAlchemy, drivers and the file system each raise their own kinds.
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      if "IntegrityError" in reason and attempt + 1 < _OPEN_ATTEMPTS:
+        time.sleep(0.5)  # Another sweep process created the tables meanwhile.
+        continue
+      raise ConfigError(f"--storage={url}: cannot open it ({reason}); use "
+                        "sqlite:///FILE, postgresql://..., mysql://... or "
+                        "journal:FILE") from None
 
 
 def make_sampler(kind: str, seed: int):

@@ -1,0 +1,197 @@
+"""Sweeps on Optuna: TPE, pruning, several sweep processes on one study, a killed
+sweep, and the study's bookkeeping (planning, claiming) without TensorFlow."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, cli_env, read_results, read_scalars
+from test_sweep import read_csv, sweep, sweep_record
+from trainer.errors import ConfigError
+from trainer.sweeps import cli, spec, study
+
+SHORT = ["--", "--dataset=digits", "--model=mlp", "--train_steps=30",
+         "--steps_per_loop=10", "--checkpoint_every=10", "--eval_every=10",
+         "--mode=train_and_eval"]
+
+
+def _queue(root, *, planned, trials=4, seed=0, sampler="random"):
+  params = [spec.parse_random("learning_rate=loguniform:1e-4:1e-1")]
+  return study.StudyQueue(root=str(root), storage=None, study_name="s", goal="max",
+                          sampler=sampler, pruner="none", seed=seed, params=params,
+                          planned=planned, trials=trials, eval_every=10,
+                          train_steps=30)
+
+
+def test_two_processes_claim_every_planned_trial_exactly_once(tmp_path):
+  planned = [(f"t{i}", {"learning_rate": 0.001 * (i + 1)}) for i in range(5)]
+  first, second = _queue(tmp_path, planned=planned), _queue(tmp_path, planned=planned)
+  first.prepare(done=lambda name: False)
+  second.prepare(done=lambda name: False)  # Already planned: nothing enqueued twice.
+  claimed = []
+  for queue in (first, second, second, first, second, first):
+    got = queue.claim()
+    if got:
+      claimed.append(got)
+  assert sorted(name for _, name, _ in claimed) == ["t0", "t1", "t2", "t3", "t4"]
+  assert {name: values for _, name, values in claimed} == dict(planned)
+
+
+def test_a_study_planned_otherwise_is_refused(tmp_path):
+  _queue(tmp_path, planned=None, sampler="tpe").prepare(done=lambda name: False)
+  with pytest.raises(ConfigError, match=r"--study=s: it was planned with other sweep "
+                     r"options \(--sampler=tpe, --seed=0, 4 trials over learning_rate\)"):
+    _queue(tmp_path, planned=None, sampler="tpe", seed=1).prepare(
+        done=lambda name: False)
+
+
+def test_tpe_sweep_runs_its_seeded_proposals(tmp_path):
+  root = str(tmp_path / "tpe")
+  args = ["--sampler=tpe", "--trials=2", "--seed=5", "--metric=eval/accuracy",
+          "--random=learning_rate=loguniform:1e-3:1e-1"]
+  proposed = sweep("--root=/nonexistent", "--dry_run", *args, *SHORT)
+  names = [line for line in proposed.stdout.splitlines()[:-1]
+           if not line.startswith(" ")]
+  assert len(names) == 2 and names[0].startswith("0-learning_rate=")
+  other = sweep("--root=/nonexistent", "--dry_run", *args[:2], "--seed=6", *args[3:],
+                *SHORT)
+  assert other.stdout.splitlines()[0] != names[0]
+  result = sweep(f"--root={root}", *args, *SHORT)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  rows = read_csv(root)
+  assert sorted(r["trial"] for r in rows) == sorted(names)  # Same seed, same trials.
+  assert {r["status"] for r in rows} == {"completed"}
+  assert os.path.isfile(os.path.join(root, "study.db"))
+
+
+def test_asha_prunes_trials_that_cannot_learn(tmp_path):
+  root = str(tmp_path / "asha")
+  # The first trial learns; the next two (rates too small to learn) are behind it
+  # at the first rung (step 100) and are stopped there.
+  asha = ["--grid=learning_rate=0.01,1e-7,2e-7", "--pruner=asha", "--",
+          "--dataset=digits", "--model=mlp", "--train_steps=1000", "--eval_every=100",
+          "--steps_per_loop=50", "--checkpoint_every=100", "--mode=train_and_eval"]
+  result = sweep(f"--root={root}", *asha)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  record = sweep_record(root)
+  assert record["learning_rate=0.01"]["status"] == "completed"
+  for name in ("learning_rate=1e-07", "learning_rate=2e-07"):
+    assert record[name]["status"] == "pruned", record[name]
+    results = read_results(os.path.join(root, name))
+    assert results["status"] == "pruned" and results["global_step"] < 1000
+  rows = {r["trial"]: r["status"] for r in read_csv(root)}
+  assert rows == {"learning_rate=0.01": "completed", "learning_rate=1e-07": "pruned",
+                  "learning_rate=2e-07": "pruned"}
+  # A rerun does not resume pruned trials as if they were interrupted.
+  again = sweep(f"--root={root}", *asha)
+  assert again.returncode == 0 and "3 of 3 trials already completed" in again.stdout
+  # TensorBoard's HParams table: a sweep/pruned column, 1 where it pruned.
+  for name, pruned in (("learning_rate=0.01", 0.0), ("learning_rate=1e-07", 1.0)):
+    (point,) = read_scalars(os.path.join(root, name, "sweep"))["pruned"]
+    assert point[1] == pruned
+
+
+def test_two_sweep_processes_share_one_study(tmp_path):
+  root = str(tmp_path / "shared")
+  args = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), f"--root={root}",
+          f"--storage=sqlite:///{tmp_path}/shared.db", "--study=s1", "--trials=4",
+          "--random=learning_rate=loguniform:1e-3:1e-1", "--metric=train/loss",
+          "--", "--dataset=digits", "--model=mlp", "--train_steps=20"]
+  processes = [subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+  outputs = [p.communicate(timeout=300)[0] for p in processes]
+  assert [p.returncode for p in processes] == [0, 0], outputs
+  trials = sorted(n for n in os.listdir(root) if n[0].isdigit())
+  assert len(trials) == 4
+  for name in trials:  # Each trial ran once, in one of the two processes.
+    with open(os.path.join(root, "logs", name + ".log")) as f:
+      assert f.read().count("# attempt ") == 1
+  record = sweep_record(root)
+  assert len(record) == 4 and {t["status"] for t in record.values()} == {"completed"}
+  assert len(read_csv(root)) == 4
+  ran = [len(re.findall(r"^sweep .*study s1, 4 trials", out, re.M)) for out in outputs]
+  assert ran == [1, 1]
+
+
+def _start_sweep(args, log, *, after=0):
+  """Starts a sweep; returns it once its trial's log shows a progress line past
+  the first `after` characters."""
+  process = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline and not (
+      os.path.exists(log) and re.search(r"^step \d+/", open(log).read()[after:], re.M)):
+    time.sleep(0.2)
+  return process
+
+
+def test_an_interrupted_or_killed_sweep_loses_nothing(tmp_path):
+  root = str(tmp_path / "sweep")
+  args = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), f"--root={root}",
+          "--grid=learning_rate=0.01", "--metric=train/loss", "--", "--dataset=digits",
+          "--model=mlp", "--train_steps=1500", "--checkpoint_every=100",
+          "--steps_per_loop=10"]
+  log = os.path.join(root, "logs", "learning_rate=0.01.log")
+  # SIGINT: the trial saves a checkpoint, the sweep exits 4 and says how to go on.
+  process = _start_sweep(args, log)
+  try:
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0]
+  finally:
+    process.kill()
+  assert process.returncode == 4, output[-2000:]
+  assert sweep_record(root)["learning_rate=0.01"]["status"] == "interrupted"
+  assert "rerun the same command to resume" in output
+  # SIGKILL of the rerun: its orphaned trial gets a SIGTERM from the kernel
+  # (PR_SET_PDEATHSIG), saves and exits; the study still says "running".
+  seen = len(open(log).read())
+  process = _start_sweep(args, log, after=seen)
+  process.kill()
+  process.wait(timeout=30)
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline and "SIGTERM" not in open(log).read()[seen:]:
+    time.sleep(0.2)
+  time.sleep(1)  # Let the trial release its model_dir.
+  result = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True,
+                          text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stdout[-2000:]
+  assert len(re.findall(r"resuming at step [1-9]", open(log).read())) == 2
+  record = sweep_record(root)
+  assert list(record) == ["learning_rate=0.01"]  # The same trial, never a new one.
+  assert record["learning_rate=0.01"]["status"] == "completed"
+  assert record["learning_rate=0.01"]["attempts"] == 3
+  assert read_results(os.path.join(root, "learning_rate=0.01"))["global_step"] == 1500
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grid=learning_rate=0.1", "--sampler=bayes"],
+     "argument --sampler: invalid choice: 'bayes'"),
+    (["--grid=learning_rate=0.1", "--pruner=early"],
+     "argument --pruner: invalid choice: 'early'"),
+    (["--grid=learning_rate=0.1", "--pruner=asha", "--", "--mode=train_and_eval"],
+     "--pruner=asha: the trials have no evaluations to rank before the end; add -- "
+     "--mode=train_and_eval --eval_every=N"),
+    (["--grid=learning_rate=0.1", "--pruner=median", "--metric=train/loss"],
+     "--pruner=median: ranks trials by their evaluations; --metric=train/loss is "
+     "not one"),
+    (["--random=learning_rate=uniform:0.1:0.2", "--sampler=grid"],
+     "--sampler=grid: --random needs --sampler=random or tpe"),
+    (["--grid=learning_rate=0.1", "--metric=train/loss",
+      "--storage=sqlite:////nonexistent/dir/s.db"],
+     "--storage=sqlite:////nonexistent/dir/s.db: cannot open it"),
+])
+def test_bad_sweep_options_are_one_line(tmp_path, capsys, args, message):
+  root = tmp_path / "sweep"
+  try:
+    code = cli.main([f"--root={root}", *args])
+  except SystemExit as e:  # argparse's own errors (an unknown choice).
+    code = e.code
+  assert code == 2
+  err = capsys.readouterr().err
+  assert message in err and err.count("\n") == 1, err
+  assert not root.exists()
