@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""How long a sweep of short trials takes, and how much of it is process start-up.
+
+  python scripts/bench_sweep.py --json=sweep_bench.json
+
+Runs the same 16-trial grid sweep (4 learning rates x 4 seeds; the MLP on digits,
+--train_steps=100 with an evaluation at the end) at --parallel=1 and --parallel=2,
+each in a fresh root, and reports for each: the sweep's wall time, the trials'
+mean wall time, and the fraction of it spent before the first training step
+(Python and TensorFlow imports, data, model, tracing: results.json's
+time_to_first_step_s) against training, evaluation and export.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRID = ["--grid=learning_rate=0.1,0.03,0.01,0.003", "--grid=seed=1,2,3,4"]
+TRIAL = ["--", "--dataset=digits", "--model=mlp", "--train_steps=100",
+         "--mode=train_and_eval"]
+
+
+def run_sweep(root: str, parallel: int) -> dict:
+  """Runs the sweep in `root`; returns its timings."""
+  command = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"),
+             f"--root={root}", f"--parallel={parallel}", *GRID, "--metric=eval/accuracy",
+             *TRIAL]
+  start = time.perf_counter()
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                          check=False)
+  wall = time.perf_counter() - start
+  if result.returncode != 0:
+    raise RuntimeError(f"sweep failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
+  with open(os.path.join(root, "sweep.json")) as f:
+    trials = json.load(f)["trials"]
+  elapsed, startup = [], []
+  for trial in trials:
+    with open(os.path.join(root, trial["name"], "results.json")) as f:
+      results = json.load(f)
+    elapsed.append(trial["elapsed_s"])
+    startup.append(results["time_to_first_step_s"])
+  return {"parallel": parallel, "trials": len(trials), "sweep_wall_s": round(wall, 1),
+          "trial_wall_s_mean": round(statistics.mean(elapsed), 2),
+          "time_to_first_step_s_mean": round(statistics.mean(startup), 2),
+          "startup_fraction": round(sum(startup) / sum(elapsed), 3)}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--json", help="also write the numbers to this file")
+  parser.add_argument("--parallel", default="1,2",
+                      help="comma-separated --parallel values (default 1,2)")
+  args = parser.parse_args(argv)
+  rows = []
+  with tempfile.TemporaryDirectory() as scratch:
+    for parallel in [int(p) for p in args.parallel.split(",")]:
+      rows.append(run_sweep(os.path.join(scratch, f"p{parallel}"), parallel))
+      print(json.dumps(rows[-1]), flush=True)
+  print("\n| --parallel | trials | sweep wall (s) | trial wall, mean (s) | "
+        "start-up to first step, mean (s) | start-up share |")
+  print("|---|---|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['parallel']} | {r['trials']} | {r['sweep_wall_s']} | "
+          f"{r['trial_wall_s_mean']} | {r['time_to_first_step_s_mean']} | "
+          f"{r['startup_fraction']:.0%} |")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"sweeps": rows}, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
