@@ -20,16 +20,17 @@ SHORT = ["--", "--dataset=digits", "--model=mlp", "--train_steps=30",
          "--mode=train_and_eval"]
 
 
-def _queue(root, *, planned, trials=4, seed=0, sampler="random"):
+def _queue(root, *, planned, trials=4, seed=0, sampler="random", goal="max"):
   params = [spec.parse_random("learning_rate=loguniform:1e-4:1e-1")]
-  return study.StudyQueue(root=str(root), storage=None, study_name="s", goal="max",
+  return study.StudyQueue(root=str(root), storage=None, study_name="s", goal=goal,
                           sampler=sampler, pruner="none", seed=seed, params=params,
                           planned=planned, trials=trials, eval_every=10,
                           train_steps=30)
 
 
 def test_two_processes_claim_every_planned_trial_exactly_once(tmp_path):
-  planned = [(f"t{i}", {"learning_rate": 0.001 * (i + 1)}) for i in range(5)]
+  # Planned values are run as planned, digit for digit (never rounded again).
+  planned = [(f"t{i}", {"learning_rate": 0.0123456789 * (i + 1)}) for i in range(5)]
   first, second = _queue(tmp_path, planned=planned), _queue(tmp_path, planned=planned)
   first.prepare(done=lambda name: False)
   second.prepare(done=lambda name: False)  # Already planned: nothing enqueued twice.
@@ -45,9 +46,70 @@ def test_two_processes_claim_every_planned_trial_exactly_once(tmp_path):
 def test_a_study_planned_otherwise_is_refused(tmp_path):
   _queue(tmp_path, planned=None, sampler="tpe").prepare(done=lambda name: False)
   with pytest.raises(ConfigError, match=r"--study=s: it was planned with other sweep "
-                     r"options \(--sampler=tpe, --seed=0, 4 trials over learning_rate\)"):
+                     r"options \(seed was 0, now 1\); use the same"):
     _queue(tmp_path, planned=None, sampler="tpe", seed=1).prepare(
         done=lambda name: False)
+
+
+def test_a_study_with_the_other_goal_is_refused(tmp_path):
+  _queue(tmp_path, planned=None, sampler="tpe").prepare(done=lambda name: False)
+  with pytest.raises(ConfigError, match=r"--goal=min: --study=s in this storage "
+                     r"maximizes its metric"):
+    _queue(tmp_path, planned=None, sampler="tpe", goal="min")
+
+
+def test_an_interrupted_trial_waits_for_the_rerun(tmp_path):
+  queue = _queue(tmp_path, planned=[("t0", {"learning_rate": 0.01})])
+  queue.prepare(done=lambda name: False)
+  trial, name, _ = queue.claim()
+  queue.finish(trial, status="interrupted", attempts=1, error="", elapsed=1.0)
+  assert queue.claim() is None  # Not at once: the interrupted sweep must end.
+  rerun = _queue(tmp_path, planned=[("t0", {"learning_rate": 0.01})])
+  assert rerun.prepare(done=lambda name: False) == 0
+  again, again_name, _ = rerun.claim()
+  assert again_name == name and again.user_attrs["attempts"] == 1
+  assert [r.status for r in rerun.records()] == ["running"]
+
+
+def test_a_trial_taken_over_by_another_process_is_left_to_it(tmp_path):
+  planned = [("t0", {"learning_rate": 0.01})]
+  first = _queue(tmp_path, planned=planned)
+  first.prepare(done=lambda name: False)
+  trial, _, _ = first.claim()
+  # Another machine's sweep finds no heartbeat and takes the trial over.
+  trial.set_user_attr("owner", {"host": "elsewhere", "pid": 1})
+  trial.set_user_attr("heartbeat", time.time() - study.STALE_SECONDS - 1)
+  second = _queue(tmp_path, planned=planned)
+  second.prepare(done=lambda name: False)
+  copy, _, _ = second.claim()
+  assert not first.set_attrs(trial, heartbeat=time.time())
+  first.finish(trial, status="completed", value=0.5, attempts=1, error="",
+               elapsed=1.0)  # No error, and the copy is untouched.
+  second.finish(copy, status="completed", value=0.9, attempts=1, error="",
+                elapsed=1.0)
+  (record,) = second.records()
+  assert record.status == "completed" and record.number == copy.number
+  assert second.study.best_value == 0.9
+
+
+def test_tpe_proposals_differ_between_sweep_processes(tmp_path):
+  first = _queue(tmp_path, planned=None, sampler="tpe")
+  second = _queue(tmp_path, planned=None, sampler="tpe")
+  first.prepare(done=lambda name: False)
+  values = [queue.claim()[2]["learning_rate"] for queue in (first, second, second)]
+  assert len(set(values)) == 3, values
+  # And they are the dry run's proposals, slot by slot.
+  proposed = cli.tpe_proposals(first._params, trials=4, seed=0)  # pylint: disable=protected-access
+  assert [v["learning_rate"] for _, v in proposed[:3]] == values
+
+
+def test_a_storage_in_the_root_is_created_with_it(tmp_path):
+  root = tmp_path / "new" / "sweep"
+  assert study.in_root(f"journal:{root}/study.journal", str(root))
+  assert not study.in_root(f"sqlite:///{tmp_path}/other.db", str(root))
+  assert not study.in_root("postgresql://localhost/db", str(root))
+  study.open_storage(f"journal:{root}/study.journal", str(root))
+  assert root.is_dir()
 
 
 def test_tpe_sweep_runs_its_seeded_proposals(tmp_path):
@@ -98,9 +160,12 @@ def test_asha_prunes_trials_that_cannot_learn(tmp_path):
 
 def test_two_sweep_processes_share_one_study(tmp_path):
   root = str(tmp_path / "shared")
+  # TPE: each process seeds its proposals by trial slot, so none is proposed twice;
+  # the journal file is in the root, which neither process has created yet.
   args = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), f"--root={root}",
-          f"--storage=sqlite:///{tmp_path}/shared.db", "--study=s1", "--trials=4",
-          "--random=learning_rate=loguniform:1e-3:1e-1", "--metric=train/loss",
+          f"--storage=journal:{root}/study.journal", "--study=s1", "--trials=4",
+          "--sampler=tpe", "--random=learning_rate=loguniform:1e-3:1e-1",
+          "--metric=train/loss",
           "--", "--dataset=digits", "--model=mlp", "--train_steps=20"]
   processes = [subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True) for _ in range(2)]
@@ -113,6 +178,7 @@ def test_two_sweep_processes_share_one_study(tmp_path):
       assert f.read().count("# attempt ") == 1
   record = sweep_record(root)
   assert len(record) == 4 and {t["status"] for t in record.values()} == {"completed"}
+  assert len({t["values"]["learning_rate"] for t in record.values()}) == 4
   assert len(read_csv(root)) == 4
   ran = [len(re.findall(r"^sweep .*study s1, 4 trials", out, re.M)) for out in outputs]
   assert ran == [1, 1]
@@ -156,7 +222,7 @@ def test_an_interrupted_or_killed_sweep_loses_nothing(tmp_path):
   deadline = time.monotonic() + 60
   while time.monotonic() < deadline and "SIGTERM" not in open(log).read()[seen:]:
     time.sleep(0.2)
-  time.sleep(1)  # Let the trial release its model_dir.
+  # The rerun may find the model_dir still locked by that trial: it waits for it.
   result = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True,
                           text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stdout[-2000:]
@@ -195,3 +261,10 @@ def test_bad_sweep_options_are_one_line(tmp_path, capsys, args, message):
   err = capsys.readouterr().err
   assert message in err and err.count("\n") == 1, err
   assert not root.exists()
+
+
+def test_large_seeds_seed_tpe_too():
+  params = [spec.parse_random("learning_rate=loguniform:1e-4:1e-1")]
+  first = cli.tpe_proposals(params, trials=2, seed=20240601)
+  assert first == cli.tpe_proposals(params, trials=2, seed=20240601)
+  assert len({values["learning_rate"] for _, values in first}) == 2

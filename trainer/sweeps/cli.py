@@ -146,6 +146,7 @@ class Plan:
   make_run: object  # make_run(name, values) -> TrialRun
   eval_every: int
   train_steps: int
+  trial_flags: tuple  # What every trial runs with besides the swept flags.
 
 
 def build_plan(args) -> Plan:
@@ -197,7 +198,17 @@ def build_plan(args) -> Plan:
   _check_pruner(args, config)
   return Plan(params=params, planned=planned, make_run=make_run,
               eval_every=config.eval_every or config.train_steps,
-              train_steps=config.train_steps)
+              train_steps=config.train_steps,
+              trial_flags=(*_flagfile_lines(args.base_flagfile), *args.trainer_args))
+
+
+def _flagfile_lines(path) -> list:
+  """The flags of --base_flagfile (its content: the path may differ by machine)."""
+  if not path:
+    return []
+  with open(path) as f:
+    return [line.strip() for line in f
+            if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _check_pruner(args, config):
@@ -222,12 +233,12 @@ def tpe_proposals(params, *, trials: int, seed: int) -> list:
   """TPE's first proposals with no results yet, as [(name, values)]: what a
   fresh sweep starts with (its startup trials are seeded random samples)."""
   optuna = study._optuna()  # pylint: disable=protected-access
-  sampler = study.make_sampler("tpe", seed)
-  probe = optuna.create_study(sampler=sampler)
+  probe = optuna.create_study()
   distributions = {p.name: study.distribution(p) for p in params}
   width = len(str(trials - 1))
   proposals = []
   for slot in range(min(trials, 10)):  # TPE's startup trials: the data-free part.
+    probe.sampler = study.make_sampler("tpe", study.slot_seed(seed, slot))
     values = {name: study._round(value) for name, value in  # pylint: disable=protected-access
               probe.ask(distributions).params.items()}
     proposals.append((spec.trial_name(values, prefix=f"{slot:0{width}d}-"), values))
@@ -273,14 +284,15 @@ def main(argv=None) -> int:
     return 0
   params = plan.params
   try:
-    if args.storage:  # Before the root is created: a bad URL writes nothing.
-      study.open_storage(args.storage, args.root)
+    if args.storage and not study.in_root(args.storage, args.root):
+      study.open_storage(args.storage, args.root)  # A bad URL: nothing written.
     run_dir.ensure_writable(args.root)
     queue = study.StudyQueue(
         root=args.root, storage=args.storage, study_name=args.study, goal=args.goal,
         sampler=args.sampler, pruner=args.pruner, seed=args.seed, params=params,
         planned=plan.planned, trials=args.trials, eval_every=plan.eval_every,
-        train_steps=plan.train_steps)
+        train_steps=plan.train_steps, metric=args.metric,
+        trial_flags=plan.trial_flags)
     first = dict.fromkeys([args.metric, "eval/loss", "train/loss"] + (
         [report.PRUNED_METRIC] if args.pruner != "none" else []))
     _replace_hparams_config(args.root, params, list(first))

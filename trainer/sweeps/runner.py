@@ -27,7 +27,7 @@ from trainer.outputs import progress, run_dir
 from trainer.errors import ExitCode
 from trainer.sweeps import report
 from trainer.sweeps.spec import Trial
-from trainer.sweeps.study import HEARTBEAT_SECONDS
+from trainer.sweeps.study import HEARTBEAT_SECONDS, STALE_SECONDS
 
 SWEEP_FILE = "sweep.json"
 FINISHED = ("completed", "early_stopped")  # A trial's results.json statuses: done.
@@ -36,6 +36,10 @@ _POLL_SECONDS = 0.25
 _LIVE_TABLE_SECONDS = 1.0  # On a terminal the table is redrawn in place.
 _PLAIN_TABLE_SECONDS = 30.0  # In a log: on every start and end, and this often.
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies.
+# A killed sweep's trial saves its checkpoint before it lets go of its model_dir:
+# the rerun's attempt that finds it locked waits this long for it, then fails.
+LOCK_WAIT_SECONDS = 300.0
+_LOCK_RETRY_SECONDS = 2.0
 
 
 @dataclasses.dataclass
@@ -58,6 +62,9 @@ class TrialRun:
   optuna_trial: object = None  # The study's trial this run is (while running).
   elapsed_before: float = 0.0  # Seconds of earlier invocations.
   pruning: bool = False  # The pruner stopped it.
+  lost: bool = False  # Another sweep process took its trial over.
+  locked_since: float = 0.0  # When it first found its model_dir locked (exit 5).
+  start_after: float = 0.0  # Not started again before this (time.monotonic()).
 
   @property
   def name(self) -> str:
@@ -85,10 +92,18 @@ def results_metrics(results: dict) -> dict:
   return metrics
 
 
-def _die_with_parent():
-  """In the trial's process before exec: SIGTERM when the sweep process dies."""
-  libc = ctypes.CDLL(None, use_errno=True)
-  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with_parent_function():
+  """What a trial's process calls before exec so that the sweep's death SIGTERMs
+  it: prctl, looked up here in the parent (a forked child of a threaded parent
+  should not load libraries); None where there is no prctl (not Linux)."""
+  try:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+  return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_DIE_WITH_PARENT = _die_with_parent_function()
 
 
 class Sweep:
@@ -146,21 +161,29 @@ class Sweep:
                 "skipping them")
     previous = {s: signal.signal(s, self._request_stop)
                 for s in (signal.SIGINT, signal.SIGTERM)}
-    retry = []  # Failed runs with attempts left, started again before new claims.
+    retry = []  # Runs to start again: failed with attempts left, or waiting
+    # for a lock. Started before new claims once due.
     attempts_left = {}
     try:
       while True:
         changed = False
         while len(self._running) < self._parallel and not self._stopping:
-          run = retry.pop(0) if retry else self._claim()
+          ready = [r for r in retry if r.start_after <= time.monotonic()]
+          run = ready[0] if ready else self._claim()
           if run is None:
             break
+          if ready:
+            retry.remove(run)
           attempts_left.setdefault(run.name, 1 + self._retries)
           attempts_left[run.name] -= 1
-          self._start(run)
-          self._running.append(run)
+          if self._start(run):
+            self._running.append(run)
           changed = self._live  # In a log, a table per trial end is enough.
-        if not self._running:
+        if self._stopping:  # Left for the rerun, as an interrupted trial is.
+          for run in retry:
+            self._end(run, "interrupted" if run.status == "pending" else None)
+          retry.clear()
+        if not self._running and not retry:
           break
         self._draw(force=changed)
         time.sleep(_POLL_SECONDS)
@@ -173,18 +196,20 @@ class Sweep:
           self._running.remove(run)
           self._finish(run)
           changed = True
-          if run.status == "failed" and attempts_left[run.name] > 0 and (
+          if run.lost:
+            self._say(f"{run.name}: another sweep process took it over (no heartbeat "
+                      f"from here for {STALE_SECONDS:.0f}s); stopped here")
+          elif self._wait_for_lock(run):
+            attempts_left[run.name] += 1  # Not an attempt: it never started.
+            retry.append(run)
+          elif run.status == "failed" and attempts_left[run.name] > 0 and (
               not self._stopping):
             self._say(f"{run.name}: failed ({run.error}); retrying once")
             retry.append(run)
           else:
-            self._queue.finish(run.optuna_trial, status=run.status,
-                               value=run.metrics.get(self._ranking.get("metric")),
-                               attempts=run.attempts, error=run.error,
-                               elapsed=run.elapsed)
-            report.write_trial_status(run.model_dir, run.status,
-                                      step=run.metrics.get("step"))
-        self._heartbeat()
+            self._end(run)
+        for run in self._heartbeat(retry):
+          retry.remove(run)
         self._draw(force=changed)
     finally:
       for sig, old in previous.items():
@@ -202,6 +227,30 @@ class Sweep:
                 "this study; their results join the table when they finish")
     return 1 if any(r.status in ("failed", "diverged") for r in runs) else 0
 
+  def _end(self, run, status=None):
+    """Records in the study (and the trial's results.json) how a run ended."""
+    run.status = status or run.status
+    self._queue.finish(run.optuna_trial, status=run.status,
+                       value=run.metrics.get(self._ranking.get("metric")),
+                       attempts=run.attempts, error=run.error, elapsed=run.elapsed)
+    report.write_trial_status(run.model_dir, run.status, step=run.metrics.get("step"))
+
+  def _wait_for_lock(self, run) -> bool:
+    """Whether a trial that found its model_dir locked (exit 5) tries again soon:
+    for LOCK_WAIT_SECONDS, the time a killed sweep's trial may take to save."""
+    now = time.monotonic()
+    if run.returncode != int(ExitCode.LOCKED) or self._stopping or (
+        run.locked_since and now - run.locked_since > LOCK_WAIT_SECONDS):
+      return False
+    if not run.locked_since:
+      run.locked_since = now
+      self._say(f"{run.name}: its model_dir is locked by an earlier run of it (e.g. "
+                "a killed sweep's trial still saving); waiting for it")
+    run.attempts -= 1
+    run.status = "pending"
+    run.start_after = now + _LOCK_RETRY_SECONDS
+    return True
+
   def _claim(self):
     claimed = self._queue.claim()
     if claimed is None:
@@ -213,10 +262,22 @@ class Sweep:
     run.elapsed_before = trial.user_attrs.get("elapsed", 0.0)
     return run
 
-  def _heartbeat(self):
-    if time.monotonic() - self._last_beat >= HEARTBEAT_SECONDS:
-      self._last_beat = time.monotonic()
-      self._queue.heartbeat([r.optuna_trial for r in self._running])
+  def _heartbeat(self, waiting) -> list:
+    """Tells the study that this process's trials (running, or `waiting` to start
+    again) are alive. Returns the waiting ones another process took over meanwhile;
+    running ones it took over are stopped (SIGTERM) and marked lost."""
+    if time.monotonic() - self._last_beat < HEARTBEAT_SECONDS:
+      return []
+    self._last_beat = time.monotonic()
+    lost = []
+    for run in self._running + list(waiting):
+      if not self._queue.set_attrs(run.optuna_trial, heartbeat=time.time()):
+        run.lost = True
+        if run in self._running:
+          run.process.send_signal(signal.SIGTERM)
+        else:
+          lost.append(run)
+    return lost
 
   def runs(self) -> list:
     """Every trial of the study as a TrialRun: this process's running ones live,
@@ -247,22 +308,27 @@ class Sweep:
       if run.process is not None and run.process.poll() is None:
         run.process.send_signal(signal.SIGTERM)  # The trial saves and exits 4.
 
-  def _start(self, run):
+  def _start(self, run) -> bool:
+    """Starts a run's next attempt; False if its trial is no longer this
+    process's (another sweep process took it over)."""
     run.attempts += 1
-    run.optuna_trial.set_user_attr("attempts", run.attempts)  # Also if killed.
+    if not self._queue.set_attrs(run.optuna_trial, attempts=run.attempts):
+      self._say(f"{run.name}: another sweep process took it over; not started here")
+      return False
     run.status, run.error, run.returncode = "running", "", None
     run.started = time.monotonic()
     log = open(run.log_path, "a")  # pylint: disable=consider-using-with
     log.write(f"# attempt {run.attempts}: {' '.join(run.command)}\n")
     log.flush()
     run.log_offset = os.path.getsize(run.log_path)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TF_CONFIG", None)  # A trial is one process, never a cluster worker.
     with log:
-      run.process = subprocess.Popen(run.command, stdout=log, stderr=subprocess.STDOUT,
-                                     env=env, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+      run.process = subprocess.Popen(
+          run.command, stdout=log, stderr=subprocess.STDOUT, env=_trial_env(),
+          stdin=subprocess.DEVNULL, preexec_fn=_DIE_WITH_PARENT)
+    if self._stopping:  # Asked to stop while it was being started.
+      run.process.send_signal(signal.SIGTERM)
     self._save_record()
+    return True
 
   def _read_log(self, run):
     """Updates the trial's live metrics from new progress lines in its log."""
@@ -336,6 +402,12 @@ class Sweep:
     self._out.flush()
     self._drawn_lines = text.count("\n") + 1 if self._live and not final else 0
     self._last_draw = now
+
+
+def _trial_env() -> dict:
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env.pop("TF_CONFIG", None)  # A trial is one process, never a cluster worker.
+  return env
 
 
 def _logged_command(log_path: str) -> list:

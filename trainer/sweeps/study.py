@@ -64,6 +64,9 @@ def open_storage(url, root: str):
   """
   optuna = _optuna()
   url = url or f"sqlite:///{os.path.abspath(os.path.join(root, STUDY_DB))}"
+  if in_root(url, root):  # Its directory is the sweep's to make.
+    with contextlib.suppress(OSError):  # Then the open below says why.
+      os.makedirs(os.path.dirname(_storage_file(url)), exist_ok=True)
   for attempt in range(_OPEN_ATTEMPTS):
     try:
       if url.startswith("journal:"):
@@ -85,10 +88,31 @@ def open_storage(url, root: str):
                         "journal:FILE") from None
 
 
+def _storage_file(url: str):
+  """The file of a journal: or sqlite:/// storage URL (None for a server)."""
+  if url.startswith("journal:"):
+    return url[len("journal:"):]
+  if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+    return url[len("sqlite:///"):]
+  return None
+
+
+def in_root(url, root: str) -> bool:
+  """Whether a storage is a file under the sweep root (created with the root)."""
+  path = _storage_file(url or "sqlite:///" + os.path.join(root, STUDY_DB))
+  if not path:
+    return False
+  root = os.path.abspath(root)
+  return os.path.commonpath([os.path.abspath(path), root]) == root
+
+
 def make_sampler(kind: str, seed: int):
+  """The sampler of a claim. TPE gets a fresh one seeded per trial slot (see
+  `slot_seed`), so that sweep processes sharing a study do not propose the same
+  startup trials; constant liar keeps parallel proposals apart afterwards."""
   optuna = _optuna()
   if kind == "tpe":
-    return optuna.samplers.TPESampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
   # Grid and random trials are planned (enqueued with their values) up front.
   return optuna.samplers.RandomSampler(seed=seed)
 
@@ -117,6 +141,11 @@ def distribution(param: Param):
     return distributions.IntDistribution(int(param.low), int(param.high))
   return distributions.FloatDistribution(param.low, param.high,
                                          log=param.distribution == "loguniform")
+
+
+def slot_seed(seed: int, slot: int) -> int:
+  """The TPE sampler's seed for the proposal of trial `slot` of a sweep."""
+  return (seed * 100_003 + slot) % 2**32  # numpy's seeds are 32-bit.
 
 
 def _round(value):
@@ -151,7 +180,8 @@ class StudyQueue:
 
   def __init__(self, *, root: str, storage, study_name: str, goal: str, sampler: str,
                pruner: str, seed: int, params: list, planned, trials: int,
-               eval_every: int, train_steps: int):
+               eval_every: int, train_steps: int, metric: str = "",
+               trial_flags: tuple = ()):
     """Opens (or creates) the study.
 
     Args:
@@ -167,6 +197,9 @@ class StudyQueue:
       trials: how many trials TPE proposes.
       eval_every: the trials' --eval_every (the pruner's rungs).
       train_steps: the trials' --train_steps.
+      metric: --metric (the value each trial is told to the study with).
+      trial_flags: what every trial's command line holds besides the swept flags
+        (the base flagfile's lines and the trainer flags after --).
 
     Raises:
       ConfigError: the storage cannot be opened, or the study there was planned
@@ -177,8 +210,14 @@ class StudyQueue:
     self._params = params
     self._planned = planned
     self._trials = len(planned) if planned is not None else trials
+    self._sampler = sampler
+    self._seed = seed
+    # What every process of the study must agree on; checked by `prepare`.
     self._plan = {"sampler": sampler, "seed": seed, "trials": self._trials,
-                  "params": [dataclasses.asdict(p) for p in params]}
+                  "params": [dataclasses.asdict(p) for p in params],
+                  "metric": metric, "goal": goal, "pruner": pruner,
+                  "eval_every": eval_every, "train_steps": train_steps,
+                  "trial_flags": list(trial_flags)}
     self._lock_path = os.path.join(root, LOCK_FILE)
     self._owner = {"host": socket.gethostname(), "pid": os.getpid()}
     self._distributions = {p.name: distribution(p) for p in params}
@@ -192,6 +231,11 @@ class StudyQueue:
             load_if_exists=True)
       except ValueError as e:  # E.g. the study exists with the other direction.
         raise ConfigError(f"--study={study_name}: {e}") from None
+    if self.study.direction != optuna.study.StudyDirection[
+        "MAXIMIZE" if goal == "max" else "MINIMIZE"]:
+      raise ConfigError(f"--goal={goal}: --study={study_name} in this storage "
+                        f"{self.study.direction.name.lower()}s its metric; use "
+                        "the same --goal, or another --study")
 
   @contextlib.contextmanager
   def _locked(self):
@@ -227,10 +271,10 @@ class StudyQueue:
       if "plan" not in attrs:
         self._enqueue_plan()
       elif attrs["plan"] != json.loads(json.dumps(self._plan)):
+        differ = _differences(attrs["plan"], json.loads(json.dumps(self._plan)))
         raise ConfigError(
             f"--study={self.study.study_name}: it was planned with other sweep "
-            f"options ({_describe(attrs['plan'])}); use them, or another --study or "
-            "--root")
+            f"options ({differ}); use the same, or another --study or --root")
       finished = 0
       for trial in self._newest().values():
         status = trial.user_attrs.get("status", "pending")
@@ -290,50 +334,64 @@ class StudyQueue:
     """Takes the next waiting trial: (optuna Trial, name, values), or None."""
     state = _optuna().trial.TrialState
     with self._locked():
-      if not self.study.get_trials(deepcopy=False, states=(state.WAITING,)):
+      waiting = self.study.get_trials(deepcopy=False, states=(state.WAITING,))
+      if not waiting:
         return None
+      if self._sampler == "tpe":  # `ask` takes the oldest waiting trial.
+        slot = min(waiting, key=lambda t: t.number).user_attrs.get("slot", 0)
+        self.study.sampler = make_sampler("tpe", slot_seed(self._seed, slot))
       trial = self.study.ask(self._distributions)
-    values = {p.name: _round(trial.params[p.name]) for p in self._params}
-    name = trial.user_attrs.get("name")
-    if name is None:  # A TPE proposal: named by its slot and values.
-      slot, width = trial.user_attrs["slot"], trial.user_attrs["width"]
-      name = trial_name(values, prefix=f"{slot:0{width}d}-")
-      trial.set_user_attr("name", name)
-      trial.set_user_attr("values", values)
-    trial.set_user_attr("owner", self._owner)
-    trial.set_user_attr("heartbeat", time.time())
-    trial.set_user_attr("status", "running")
+      # Marked ours before the lock is let go: `prepare` of another process
+      # must not take a trial without an owner for an orphan.
+      trial.set_user_attr("owner", self._owner)
+      trial.set_user_attr("heartbeat", time.time())
+      trial.set_user_attr("status", "running")
+      name, values = trial.user_attrs.get("name"), trial.user_attrs.get("values")
+      if name is None:  # A TPE proposal: named by its slot and rounded values.
+        values = {p.name: _round(trial.params[p.name]) for p in self._params}
+        slot, width = trial.user_attrs["slot"], trial.user_attrs["width"]
+        name = trial_name(values, prefix=f"{slot:0{width}d}-")
+        trial.set_user_attr("name", name)
+        trial.set_user_attr("values", values)
     return trial, name, values
 
-  def heartbeat(self, trials):
-    """Tells other machines that these trials are still running."""
-    now = time.time()
-    for trial in trials:
-      trial.set_user_attr("heartbeat", now)
+  @staticmethod
+  def set_attrs(trial, **attrs) -> bool:
+    """Records attrs of a claimed trial; False when it is no longer this process's
+    (another sweep process took it over for an orphan and ended it)."""
+    try:
+      for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    except _optuna().exceptions.UpdateFinishedTrialError:
+      return False
+    return True
 
   @staticmethod
   def report(trial, step: int, value: float) -> bool:
-    """Reports an evaluation; returns whether the pruner stops the trial."""
-    trial.report(value, step)
+    """Reports an evaluation; returns whether the pruner stops the trial (never
+    one another process took over: its heartbeat check stops that)."""
+    try:
+      trial.report(value, step)
+    except _optuna().exceptions.UpdateFinishedTrialError:
+      return False
     return trial.should_prune()
 
   def finish(self, trial, *, status: str, value=None, attempts: int, error: str,
              elapsed: float):
-    """Records how a claimed trial ended; an interrupted one goes back in the
-    queue (a rerun resumes it)."""
+    """Records how a claimed trial ended. One that must run again (interrupted,
+    failed) is queued again by the next `prepare`, i.e. when the sweep is rerun,
+    not at once: an interrupted sweep or a --max_time budget must end."""
     state = _optuna().trial.TrialState
-    for key, item in (("status", status), ("attempts", attempts), ("error", error),
-                      ("elapsed", round(elapsed, 1))):
-      trial.set_user_attr(key, item)
+    if not self.set_attrs(trial, status=status, attempts=attempts, error=error,
+                          elapsed=round(elapsed, 1)):
+      return  # Taken over meanwhile: the copy's process records it.
     with self._locked():
       if status == "completed" and value is not None:
-        self.study.tell(trial, value)
+        self.study.tell(trial, value, skip_if_finished=True)
       elif status == "pruned":
-        self.study.tell(trial, state=state.PRUNED)
+        self.study.tell(trial, state=state.PRUNED, skip_if_finished=True)
       else:
-        self.study.tell(trial, state=state.FAIL)
-        if status == "interrupted":
-          self._requeue(self.study.get_trials(deepcopy=False)[trial.number], status)
+        self.study.tell(trial, state=state.FAIL, skip_if_finished=True)
 
   def records(self) -> list:
     """Every trial name's newest record, in planned order."""
@@ -350,7 +408,8 @@ class StudyQueue:
     return records
 
 
-def _describe(plan: dict) -> str:
-  params = ", ".join(p.get("name", "?") for p in plan.get("params", []))
-  return (f"--sampler={plan.get('sampler')}, --seed={plan.get('seed')}, "
-          f"{plan.get('trials')} trials over {params}")
+def _differences(planned: dict, ours: dict) -> str:
+  """The sweep options in which `ours` differs from the study's plan."""
+  return "; ".join(f"{key} was {planned.get(key)!r}, now {ours.get(key)!r}"
+                   for key in sorted(set(planned) | set(ours))
+                   if planned.get(key) != ours.get(key))
