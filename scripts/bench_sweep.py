@@ -5,10 +5,12 @@
 
 Runs the same 16-trial grid sweep (4 learning rates x 4 seeds; the MLP on digits,
 --train_steps=100 with an evaluation at the end) at --parallel=1 and --parallel=2,
-each in a fresh root, and reports for each: the sweep's wall time, the trials'
-mean wall time, and the fraction of it spent before the first training step
-(Python and TensorFlow imports, data, model, tracing: results.json's
-time_to_first_step_s) against training, evaluation and export.
+with trials started cold (--no-fork_server: a new Python each) and warm (forked
+from the sweep's fork server, which has imported TensorFlow once), each in a fresh
+root, and reports for each: the sweep's wall time, the trials' mean wall time, and
+the fraction of it spent before the first training step (imports, data, model,
+tracing: results.json's time_to_first_step_s) against training, evaluation and
+export.
 """
 
 import argparse
@@ -26,15 +28,16 @@ TRIAL = ["--", "--dataset=digits", "--model=mlp", "--train_steps=100",
          "--mode=train_and_eval"]
 
 
-def run_sweep(root: str, parallel: int) -> dict:
-  """Runs the sweep in `root`; returns its timings."""
+def run_sweep(root: str, parallel: int, start: str) -> dict:
+  """Runs the sweep in `root` with trials started `start` ("cold" or "warm");
+  returns its timings."""
   command = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"),
              f"--root={root}", f"--parallel={parallel}", *GRID, "--metric=eval/accuracy",
-             *TRIAL]
-  start = time.perf_counter()
+             "--fork_server" if start == "warm" else "--no-fork_server", *TRIAL]
+  began = time.perf_counter()
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                           check=False)
-  wall = time.perf_counter() - start
+  wall = time.perf_counter() - began
   if result.returncode != 0:
     raise RuntimeError(f"sweep failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
   with open(os.path.join(root, "sweep.json")) as f:
@@ -45,7 +48,8 @@ def run_sweep(root: str, parallel: int) -> dict:
       results = json.load(f)
     elapsed.append(trial["elapsed_s"])
     startup.append(results["time_to_first_step_s"])
-  return {"parallel": parallel, "trials": len(trials), "sweep_wall_s": round(wall, 1),
+  return {"start": start, "parallel": parallel, "trials": len(trials),
+          "sweep_wall_s": round(wall, 1),
           "trial_wall_s_mean": round(statistics.mean(elapsed), 2),
           "time_to_first_step_s_mean": round(statistics.mean(startup), 2),
           "startup_fraction": round(sum(startup) / sum(elapsed), 3)}
@@ -56,17 +60,21 @@ def main(argv=None) -> int:
   parser.add_argument("--json", help="also write the numbers to this file")
   parser.add_argument("--parallel", default="1,2",
                       help="comma-separated --parallel values (default 1,2)")
+  parser.add_argument("--start", default="cold,warm",
+                      help="comma-separated trial starts: cold, warm (default both)")
   args = parser.parse_args(argv)
   rows = []
   with tempfile.TemporaryDirectory() as scratch:
     for parallel in [int(p) for p in args.parallel.split(",")]:
-      rows.append(run_sweep(os.path.join(scratch, f"p{parallel}"), parallel))
-      print(json.dumps(rows[-1]), flush=True)
-  print("\n| --parallel | trials | sweep wall (s) | trial wall, mean (s) | "
-        "start-up to first step, mean (s) | start-up share |")
-  print("|---|---|---|---|---|---|")
+      for start in args.start.split(","):
+        root = os.path.join(scratch, f"{start}-p{parallel}")
+        rows.append(run_sweep(root, parallel, start))
+        print(json.dumps(rows[-1]), flush=True)
+  print("\n| trials start | --parallel | trials | sweep wall (s) | trial wall, mean (s) "
+        "| start-up to first step, mean (s) | start-up share |")
+  print("|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['parallel']} | {r['trials']} | {r['sweep_wall_s']} | "
+    print(f"| {r['start']} | {r['parallel']} | {r['trials']} | {r['sweep_wall_s']} | "
           f"{r['trial_wall_s_mean']} | {r['time_to_first_step_s_mean']} | "
           f"{r['startup_fraction']:.0%} |")
   if args.json:

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, read_results
 from trainer import inspect as inspect_lib
 from trainer.sweeps import cli, spec
 
@@ -181,9 +181,10 @@ def test_rerun_skips_finished_trials_and_redoes_a_deleted_one(grid_root):
 def test_failed_trial_is_retried_once_and_does_not_stop_the_sweep(tmp_path):
   root = str(tmp_path / "sweep")
   # 1437 digits train examples: a per-replica batch of 2000 fails at run time.
+  # Cold trials (a new Python each), the path without the fork server.
   result = sweep(f"--root={root}", "--grid=per_replica_batch_size=16,2000",
-                 "--metric=train/loss", "--", "--dataset=digits", "--model=mlp",
-                 "--train_steps=10")
+                 "--metric=train/loss", "--no-fork_server", "--", "--dataset=digits",
+                 "--model=mlp", "--train_steps=10")
   assert result.returncode == 1
   record = sweep_record(root)
   failed = record["per_replica_batch_size=2000"]
@@ -194,6 +195,27 @@ def test_failed_trial_is_retried_once_and_does_not_stop_the_sweep(tmp_path):
   assert list(rows) == ["per_replica_batch_size=16", "per_replica_batch_size=2000"]
   assert rows["per_replica_batch_size=2000"]["error"] == failed["error"]
   assert "retrying once" in result.stdout
+
+
+def test_warm_trials_train_exactly_as_cold_ones(tmp_path):
+  outcomes = {}
+  for start in ("--fork_server", "--no-fork_server"):
+    root = str(tmp_path / start.strip("-"))
+    result = sweep(f"--root={root}", "--grid=learning_rate=0.01,0.1", start,
+                   "--metric=eval/loss", *TRIAL_FLAGS, "--deterministic")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stderr == ""  # Nor does the fork server's start-up reach it.
+    for name in ("learning_rate=0.01", "learning_rate=0.1"):
+      results = read_results(os.path.join(root, name))
+      outcomes[start, name] = (results["eval"], results["train"],
+                               results["global_step"])
+      with open(os.path.join(root, "logs", name + ".log")) as f:
+        log = f.read()
+      # The same command in the log; no native start-up lines, no traceback.
+      assert "-m trainer.main" in log and "E0000" not in log, log[:2000]
+      assert "Traceback" not in log
+  for name in ("learning_rate=0.01", "learning_rate=0.1"):
+    assert outcomes["--fork_server", name] == outcomes["--no-fork_server", name]
 
 
 def dry_run(*args):

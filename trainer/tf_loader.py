@@ -30,8 +30,13 @@ def _native_stderr_captured():
       os.close(saved)
 
 
-def load_tensorflow():
+def load_tensorflow(*, probe_devices: bool = True):
   """Imports TensorFlow quietly (its start-up lines appear only if it fails).
+
+  Args:
+    probe_devices: also list the physical devices (CUDA's start-up lines come
+      then); False in a process that forks afterwards (the sweep's fork server),
+      since a forked child cannot use a CUDA driver its parent started.
 
   Returns:
     The tensorflow module.
@@ -39,5 +44,6 @@ def load_tensorflow():
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Python-side info lines.
   with _native_stderr_captured():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.config.list_physical_devices()  # Probes CUDA; does not fix the device split.
+    if probe_devices:
+      tf.config.list_physical_devices()  # Does not fix the device split.
   return tf

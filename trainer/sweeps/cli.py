@@ -59,6 +59,11 @@ def _parser():
   parser.add_argument("--parallel", type=int, default=1, help="trials at once")
   parser.add_argument("--threads_per_trial", type=int, default=0,
                       help="TensorFlow threads per trial (default: CPUs / --parallel)")
+  parser.add_argument("--fork_server", action=argparsing.argparse.BooleanOptionalAction,
+                      default=True,
+                      help="start trials warm: fork each from a process that has "
+                           "imported TensorFlow once, instead of a new Python "
+                           "(default on; --no-fork_server starts each cold)")
   parser.add_argument("--retries", type=int, default=1,
                       help="extra attempts for a failed trial (default 1)")
   parser.add_argument("--metric",
@@ -305,7 +310,8 @@ def main(argv=None) -> int:
                   parallel=args.parallel, retries=args.retries,
                   table=lambda rs: report.live_table(rs, names),
                   ranking={"metric": args.metric, "goal": args.goal},
-                  prune_metric=args.metric if args.pruner != "none" else None)
+                  prune_metric=args.metric if args.pruner != "none" else None,
+                  fork_server=args.fork_server)
     code = sweep.run()
     runs = sweep.runs()
     _replace_hparams_config(args.root, params, report.metric_names(runs, first))

@@ -25,7 +25,7 @@ from typing import Optional
 
 from trainer.outputs import progress, run_dir
 from trainer.errors import ExitCode
-from trainer.sweeps import report
+from trainer.sweeps import forkserver, report
 from trainer.sweeps.spec import Trial
 from trainer.sweeps.study import HEARTBEAT_SECONDS, STALE_SECONDS
 
@@ -111,7 +111,7 @@ class Sweep:
 
   def __init__(self, *, root: str, queue, make_run, parallel: int, retries: int,
                table, out=None, ranking: Optional[dict] = None,
-               prune_metric: Optional[str] = None):
+               prune_metric: Optional[str] = None, fork_server: bool = False):
     """Creates the scheduler.
 
     Args:
@@ -124,6 +124,8 @@ class Sweep:
       out: where the table and messages go (default stdout).
       ranking: {"metric": ..., "goal": ...}, recorded in sweep.json for readers.
       prune_metric: "eval/NAME" reported to the study's pruner (None: no pruning).
+      fork_server: start trials warm, forked from a process that has imported
+        TensorFlow (trainer/sweeps/forkserver.py), instead of cold.
     """
     self._ranking = ranking or {}
     self.bad_metric = None  # Why --metric cannot rank, once a trial shows it.
@@ -141,6 +143,8 @@ class Sweep:
     self._live = self._out.isatty()
     self._running = []
     self._last_beat = 0.0
+    self._fork_server = fork_server
+    self._server = None  # The ForkServer, once the first trial starts.
 
   def _done(self, name) -> bool:
     results = run_dir.read_json(os.path.join(self.root, name, run_dir.RESULTS_FILE))
@@ -214,6 +218,8 @@ class Sweep:
     finally:
       for sig, old in previous.items():
         signal.signal(sig, old)
+      if self._server is not None:
+        self._server.close()
       self._save_record()
     self._draw(force=True, final=True)
     if self.bad_metric:
@@ -322,13 +328,33 @@ class Sweep:
     log.flush()
     run.log_offset = os.path.getsize(run.log_path)
     with log:
-      run.process = subprocess.Popen(
+      run.process = self._spawn_warm(run) or subprocess.Popen(
           run.command, stdout=log, stderr=subprocess.STDOUT, env=_trial_env(),
           stdin=subprocess.DEVNULL, preexec_fn=_DIE_WITH_PARENT)
     if self._stopping:  # Asked to stop while it was being started.
       run.process.send_signal(signal.SIGTERM)
     self._save_record()
     return True
+
+  def _spawn_warm(self, run):
+    """Forks the trial from the fork server (started on first use); None to start
+    it cold: no fork server, or it failed (then every later trial starts cold)."""
+    if not self._fork_server:
+      return None
+    if self._server is None:
+      self._server = forkserver.ForkServer.start(env=_trial_env(),
+                                                 preexec_fn=_DIE_WITH_PARENT)
+      if self._server is None:
+        self._fork_server = False
+        return None
+    try:
+      return self._server.spawn(run.command[3:], log_path=run.log_path)
+    except OSError as e:
+      # Its running trials go on (and report their exits); new ones start cold.
+      self._say(f"{run.name}: {e}; this and later trials start cold")
+      self._server.stop_starting()
+      self._fork_server = False
+      return None
 
   def _read_log(self, run):
     """Updates the trial's live metrics from new progress lines in its log."""

@@ -1,0 +1,315 @@
+"""Warm trial processes: a server that imports TensorFlow once and forks each trial.
+
+A short trial spends most of its time starting: Python, TensorFlow and Keras
+imports are about half of it (see the README's Sweeps section). The fork server
+is a process of the sweep that does those imports once, then forks one child per
+trial; the child is a fresh `python -m trainer.main` run in all but the imports.
+It runs the same argv as the cold command, so a trial's results do not depend on
+how it was started (tests/test_sweep.py checks that).
+
+What stays out of the server, because a forked child must set it up itself:
+TensorFlow's runtime (no device is listed, no eager context exists, no thread
+pool is made: the child splits the CPU into logical devices and sets its thread
+counts as a cold process would), flags (absl parses the child's argv) and signal
+handlers (the child installs the trainer's).
+
+Protocol, one line each way: the sweep writes a JSON request {"argv": [...],
+"log": PATH}; the server answers "started PID" once the child is forked, and
+"exited PID CODE" (Popen's returncode: negative for a signal) when it ends. The
+server ignores SIGINT (a terminal's Ctrl-C reaches the trials and the sweep, which
+stop them cleanly); on SIGTERM (e.g. to the whole process group) it passes it on
+to its trials. Once its stdin closes or a SIGTERM came, it starts no more trials,
+and it ends when its trials have, having reported each exit. A trial gets SIGTERM
+when the server dies, and the server when the sweep dies (PR_SET_PDEATHSIG), as a
+cold trial does when the sweep dies.
+
+Example:
+
+  server = ForkServer.start(env=dict(os.environ))  # None if it cannot start.
+  process = server.spawn(["--model_dir=runs/s/t0", ...], log_path="t0.log")
+  while process.poll() is None:
+    time.sleep(0.25)
+  server.close()
+"""
+
+import ctypes
+import importlib
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Optional
+
+from trainer.errors import ExitCode
+
+_READY = "ready"
+_START_SECONDS = 120.0  # The server's imports, on a slow or busy machine.
+_REPLY_SECONDS = 30.0
+_PR_SET_PDEATHSIG = 1
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+class WarmProcess:
+  """A trial forked by the server, with the parts of `subprocess.Popen` a sweep
+  uses: pid, poll(), returncode, send_signal()."""
+
+  def __init__(self, pid: int, server: "ForkServer"):
+    self.pid = pid
+    self._server = server
+    self.returncode = None
+
+  def poll(self) -> Optional[int]:
+    if self.returncode is None:
+      self.returncode = self._server.exit_code(self.pid)
+    return self.returncode
+
+  def send_signal(self, sig):
+    if self.poll() is None:  # Not after it ended: its pid may be another's.
+      try:
+        os.kill(self.pid, sig)
+      except ProcessLookupError:
+        pass
+
+
+class ForkServer:
+  """The sweep's side of the fork server (see the module docstring)."""
+
+  def __init__(self, process: subprocess.Popen):
+    self._process = process
+    self._replies = queue.Queue()  # "started PID" lines, and errors.
+    # pid -> returncode. No lock: a dict's get and set are atomic, and `poll` runs
+    # in the sweep's signal handler, which must not wait for the reader thread.
+    self._exits = {}
+    self._reader = threading.Thread(target=self._read, name="fork-server-reader",
+                                    daemon=True)
+    self._reader.start()
+
+  @classmethod
+  def start(cls, *, env: dict, preexec_fn=None) -> Optional["ForkServer"]:
+    """Starts a server and waits for its imports; None (and a reason printed on
+    stderr) if it cannot start, e.g. no fork on this platform.
+
+    Args:
+      env: the trials' environment.
+      preexec_fn: run in the server's process before exec (PR_SET_PDEATHSIG).
+    """
+    if not hasattr(os, "fork"):
+      return None
+    process = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-m", "trainer.sweeps.forkserver"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
+        preexec_fn=preexec_fn)
+    server = cls(process)
+    reply = server._reply(_START_SECONDS)
+    if reply == _READY:
+      return server
+    server.close()
+    print(f"sweep: the fork server did not start ({reply}); trials start cold",
+          file=sys.stderr, flush=True)
+    return None
+
+  def _read(self):
+    """Sorts the server's lines: exits into the table, the rest to `_reply`."""
+    try:
+      for line in self._process.stdout:
+        words = line.split()
+        if len(words) == 3 and words[0] == "exited":
+          self._exits[int(words[1])] = int(words[2])
+        else:
+          self._replies.put(line.strip())
+    finally:
+      self._replies.put("the fork server ended")
+
+  def _reply(self, timeout: float) -> str:
+    try:
+      return self._replies.get(timeout=timeout)
+    except queue.Empty:
+      return f"no answer in {timeout:.0f}s"
+
+  def exit_code(self, pid: int) -> Optional[int]:
+    """A forked trial's returncode, or None while it runs."""
+    code = self._exits.get(pid)
+    if code is not None or self._process.poll() is None:
+      return code
+    # The server was killed (it reports every exit otherwise): its trials got a
+    # SIGTERM; one that still runs is saving. Its exit code is lost with it.
+    try:
+      os.kill(pid, 0)
+      return None
+    except ProcessLookupError:
+      return -signal.SIGTERM
+    except PermissionError:
+      return None
+
+  def spawn(self, argv: list, *, log_path: str) -> WarmProcess:
+    """Forks a trial: `python -m trainer.main *argv`, output appended to log_path.
+
+    Raises:
+      OSError: the server is gone or did not answer.
+    """
+    try:
+      self._process.stdin.write(json.dumps({"argv": argv, "log": log_path}) + "\n")
+      self._process.stdin.flush()
+    except (BrokenPipeError, ValueError) as e:
+      raise OSError(f"the fork server is gone ({e})") from None
+    reply = self._reply(_REPLY_SECONDS)
+    if not reply.startswith("started "):
+      raise OSError(f"the fork server did not start the trial ({reply})")
+    return WarmProcess(int(reply.split()[1]), self)
+
+  def stop_starting(self):
+    """Lets the server start no more trials; those it runs go on, and their exits
+    are still reported."""
+    try:
+      if self._process.stdin:
+        self._process.stdin.close()
+    except OSError:
+      pass
+
+  def close(self):
+    """Ends the server once its trials have ended (after 10 s, at once: then
+    those still running get SIGTERM, save and exit)."""
+    try:
+      if self._process.stdin:
+        self._process.stdin.close()
+    except OSError:
+      pass
+    try:
+      self._process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      self._process.kill()
+      self._process.wait()
+    self._reader.join(timeout=10)
+
+
+# The server's side: runs as `python -m trainer.sweeps.forkserver`.
+
+
+# What every trial imports: TensorFlow and Keras (most of a cold start), the
+# trainer, and the built-in data sets' loader.
+_WARM_MODULES = ("tensorflow", "keras", "trainer.main", "trainer.training.run",
+                 "trainer.tasks.classification", "trainer.tasks.regression",
+                 "sklearn.datasets")
+
+
+def _warm_up():
+  """Imports what every trial imports, and nothing that starts TensorFlow's
+  runtime (no device listed, no context: each child sets those up)."""
+  from trainer import tf_loader  # pylint: disable=g-import-not-at-top
+  tf_loader.load_tensorflow(probe_devices=False)
+  for name in _WARM_MODULES:
+    importlib.import_module(name)
+
+
+def _die_with_parent():
+  """A function that makes the calling process get SIGTERM when its parent dies
+  (looked up once, before any fork); a no-op where there is no prctl."""
+  try:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return lambda: None
+  return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _child(request: dict, die_with_parent, server_pid: int):
+  """In the forked child: becomes `python -m trainer.main ARGV`; never returns."""
+  code = 1
+  try:
+    # First the trainer's handlers: SIGINT/SIGTERM from now on is a clean stop
+    # request (exit 4), as in a cold trainer from its first line.
+    from trainer import interrupts  # pylint: disable=g-import-not-at-top
+    interrupts.install()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # Blocked in fork.
+    die_with_parent()
+    if os.getppid() != server_pid:  # The server died before prctl took effect.
+      os._exit(int(ExitCode.INTERRUPTED))  # pylint: disable=protected-access
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    from trainer import main, tf_loader  # pylint: disable=g-import-not-at-top
+    # The device probe the server left out, with its native lines held back: else
+    # a flag validator of TensorFlow's makes it, and CUDA's lines reach the log.
+    tf_loader.load_tensorflow()
+    sys.argv = [main.__file__, *request["argv"]]  # As `python -m trainer.main`.
+    main.run()
+    code = 0
+  except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  except BaseException:  # pylint: disable=broad-except
+    traceback.print_exc()
+  finally:
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except Exception:  # pylint: disable=broad-except
+        pass
+    os._exit(code)  # pylint: disable=protected-access
+
+
+def serve():
+  """Reads requests on stdin, forks trials, reports starts and exits on stdout."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  children = set()
+  terminated = []
+
+  def pass_sigterm_on(signum, frame):
+    del frame
+    terminated.append(signum)
+    for pid in list(children):
+      try:
+        os.kill(pid, signal.SIGTERM)
+      except ProcessLookupError:
+        pass
+
+  signal.signal(signal.SIGTERM, pass_sigterm_on)
+  out = sys.stdout.fileno()
+  _warm_up()
+  die_with_parent = _die_with_parent()
+  os.write(out, (_READY + "\n").encode())
+  pending = b""
+  stdin_open = True
+  server_pid = os.getpid()
+  while (stdin_open and not terminated) or children:
+    if not stdin_open or terminated:
+      time.sleep(0.1)
+    elif select.select([0], [], [], 0.1)[0]:
+      data = os.read(0, 65536)
+      if not data:
+        stdin_open = False  # The sweep is done: end once the trials have.
+      pending += data
+      while b"\n" in pending:
+        line, pending = pending.split(b"\n", 1)
+        try:
+          request = json.loads(line)
+          request["argv"], request["log"]  # pylint: disable=pointless-statement
+        except (ValueError, KeyError, TypeError) as e:
+          os.write(out, f"error: a bad request ({e})\n".encode())
+          continue
+        # Held until the child has the trainer's handlers (the server's would
+        # signal the child's siblings).
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        pid = os.fork()
+        if pid == 0:
+          _child(request, die_with_parent, server_pid)
+        children.add(pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        os.write(out, f"started {pid}\n".encode())
+    for pid in list(children):
+      done, status = os.waitpid(pid, os.WNOHANG)
+      if done:
+        children.discard(pid)
+        os.write(out, f"exited {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+if __name__ == "__main__":
+  serve()
