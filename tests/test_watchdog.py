@@ -2,6 +2,8 @@
 exits 7 with every thread's stack and resumes when rerun."""
 
 import os
+import subprocess
+import sys
 
 from conftest import REPO, cli_env, read_results, run_cli
 from trainer.training import watchdog
@@ -47,3 +49,32 @@ def test_a_hung_loop_call_exits_7_with_stacks_and_a_rerun_resumes(model_dir):
   assert resumed.returncode == 0, resumed.stderr
   assert "resuming at step 10" in resumed.stdout
   assert read_results(model_dir)["status"] == "completed"
+
+
+_PROGRESS_SCRIPT = """
+import sys, time
+from trainer.training.watchdog import HangWatchdog
+watchdog = HangWatchdog(limit=1.0, directory=sys.argv[1], worker="worker-0",
+                        on_hang=lambda step: print("on_hang", step, flush=True))
+with watchdog:
+  with watchdog.guard("replay", step=3):
+    for _ in range(6):  # 2.4 s in all, each part well within the limit.
+      time.sleep(0.4)
+      watchdog.progressed()
+  print("replay survived", flush=True)
+  watchdog.completed(9)
+  with watchdog.guard("checkpoint", step=9):
+    time.sleep(30)
+"""
+
+
+def test_progress_renews_the_deadline_and_a_stalled_phase_still_exits_7(tmp_path):
+  result = subprocess.run([sys.executable, "-c", _PROGRESS_SCRIPT, str(tmp_path)],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                          timeout=120, check=False)
+  assert result.returncode == 7, result.stdout + result.stderr
+  # results.json (on_hang) is written before stderr, which may be a full pipe.
+  assert result.stdout.splitlines() == ["replay survived", "on_hang 9"]
+  assert "hang on worker-0: checkpoint at step 9 made no progress" in result.stderr
+  assert (tmp_path / "hang-worker-0.txt").read_text().startswith(
+      "hang on worker-0: checkpoint at step 9")

@@ -22,7 +22,7 @@ from trainer.training.controller import ROLLED_BACK, LoopCall
 from trainer.training.state import RunState
 
 MAX_ROLLBACKS = 3
-ROLLBACKS_FILE = "rollbacks.json"
+ROLLBACKS_FILE = divergence.ROLLBACKS_FILE
 
 
 def check_ledger(state: RunState):
@@ -46,15 +46,24 @@ class NanPolicy:
   (the checkpoint restored by a rollback predates it).
   """
 
-  def __init__(self, *, state: RunState, results: Results, progress: Progress):
+  def __init__(self, *, state: RunState, results: Results, progress: Progress,
+               on_replayed_step=None):
+    """Reads the rollbacks so far.
+
+    Args:
+      state: the run's state.
+      results: the run's results.json.
+      progress: where the rollback and divergence lines go.
+      on_replayed_step: called after each step a divergence replay takes (the
+        watchdog's `progressed`: a long replay is not a hang).
+    """
     self._state = state
     self._results = results
     self._progress = progress
+    self._on_replayed_step = on_replayed_step
     self._path = os.path.join(state.config.model_dir, ROLLBACKS_FILE)
-    saved = run_dir.read_json(self._path)
-    saved = saved if isinstance(saved, dict) else {}
-    self.rollbacks = _number(saved.get("rollbacks"), int, 0)
-    self.multiplier = _number(saved.get("lr_multiplier"), float, 1.0)
+    self.rollbacks, self.multiplier = divergence.saved_rollbacks(
+        state.config.model_dir)
 
   def apply_learning_rate(self):
     """Sets the optimizer's rate to the flag's times the rollbacks' multiplier."""
@@ -86,7 +95,8 @@ class NanPolicy:
                          f"{restored} (rollback {self.rollbacks} of {MAX_ROLLBACKS}), "
                          f"{rate}")
       return ROLLED_BACK
-    report = divergence.find_divergence(state, until=call.step)
+    report = divergence.find_divergence(state, until=call.step,
+                                        on_step=self._on_replayed_step)
     self._results.data["divergence"] = divergence.DIVERGENCE_FILE
     self._results.finish("diverged", step=call.step)
     where = (f"step {report['step']}" if not report["finite"] else
@@ -99,10 +109,6 @@ class NanPolicy:
         + f"); the last good checkpoint is kept. {divergence.DIVERGENCE_FILE} "
         f"says more; replay it with: {report['replay']}. Lower --learning_rate or "
         "use --on_nan=rollback")
-
-
-def _number(value, kind, default):
-  return kind(value) if isinstance(value, (int, float)) and value >= 0 else default
 
 
 def record(state: RunState, results: Results, summaries: Summaries,

@@ -132,8 +132,7 @@ class Controller:
         call = self._dispatch(iterator, num_steps)
       step = call.step
       self._watchdog.completed(step)
-      with self._watchdog.guard("the actions after a loop call (eval, checkpoint, stop vote)", step=step):
-        outcome = self._run_actions(call)
+      outcome = self._run_actions(call)
       if outcome == ROLLED_BACK:
         step = state.step
         iterator = train_iterator(state)
@@ -145,9 +144,13 @@ class Controller:
     return "completed"
 
   def _run_actions(self, call: LoopCall):
-    """Runs the actions in order; the first outcome that is not None ends them."""
+    """Runs the actions in order, each bounded by the watchdog on its own; the
+    first outcome that is not None ends them."""
     for action in self._actions:
-      outcome = action(call)
+      name = getattr(action, "__qualname__", type(action).__name__)
+      with self._watchdog.guard(f"{name.split('.<locals>')[0]} after a loop call",
+                                step=call.step):
+        outcome = action(call)
       if outcome:
         return outcome
     return None

@@ -28,6 +28,20 @@ from trainer.training.controller import train_iterator
 from trainer.training.state import RunState
 
 DIVERGENCE_FILE = "divergence.json"
+ROLLBACKS_FILE = "rollbacks.json"  # --on_nan=rollback's count and rate multiplier.
+
+
+def saved_rollbacks(model_dir: str) -> tuple:
+  """(rollbacks so far, learning-rate multiplier) of a run, from its
+  rollbacks.json; (0, 1.0) when it has none or it is unreadable."""
+  saved = run_dir.read_json(os.path.join(model_dir, ROLLBACKS_FILE))
+  saved = saved if isinstance(saved, dict) else {}
+  return (_count(saved.get("rollbacks"), int, 0),
+          _count(saved.get("lr_multiplier"), float, 1.0))
+
+
+def _count(value, kind, default):
+  return kind(value) if isinstance(value, (int, float)) and value >= 0 else default
 
 
 def _number(value):
@@ -83,13 +97,15 @@ def _report(state: RunState, step: int, checkpoint_step: int, outputs) -> dict:
   }
 
 
-def replay_to(state: RunState, step: int, *, stop_at_nonfinite: bool):
+def replay_to(state: RunState, step: int, *, stop_at_nonfinite: bool,
+              on_step=None):
   """Restores the newest checkpoint before `step` and replays up to it.
 
   Args:
     state: the run's state (the model's weights are replaced).
     step: the step to report (the update to global step `step`).
     stop_at_nonfinite: report the first non-finite step before `step` instead.
+    on_step: called with no arguments after each replayed step, or None.
 
   Returns:
     (the report dict, the outputs of the reported step: gradients included).
@@ -105,16 +121,18 @@ def replay_to(state: RunState, step: int, *, stop_at_nonfinite: bool):
   for current in range(checkpoint_step + 1, step + 1):
     outputs = {k: (v.numpy() if hasattr(v, "numpy") else [t.numpy() for t in v])
                for k, v in state.diagnose_step(iterator).items()}
+    if on_step is not None:
+      on_step()
     if current == step or (stop_at_nonfinite and not _finite(outputs)):
       return _report(state, current, checkpoint_step, outputs), outputs
   raise AssertionError("unreachable: the loop returns at `step`")
 
 
-def find_divergence(state: RunState, *, until: int) -> dict:
+def find_divergence(state: RunState, *, until: int, on_step=None) -> dict:
   """The first non-finite step after the last checkpoint, up to `until`; written
   to MODEL_DIR/divergence.json by the chief. Every worker must call it (the
-  replayed steps are collective)."""
-  report, _ = replay_to(state, until, stop_at_nonfinite=True)
+  replayed steps are collective). `on_step` is called after each replayed step."""
+  report, _ = replay_to(state, until, stop_at_nonfinite=True, on_step=on_step)
   if report["finite"]:
     report["note"] = (f"the replay from step {report['checkpoint_step']} to {until} "
                       "stayed finite: the divergence did not reproduce (rerun with "
@@ -216,6 +234,11 @@ def replay_run(model_dir: str, step: int, *, dump: str = None,
   found = setup(config, task)
   state = build_state(config, task, found.strategy, train_data=found.train_data,
                       eval_data=found.eval_data, is_chief=True, read_only=True)
+  # The rate the run trained with after its last --on_nan=rollback (steps before
+  # that rollback's checkpoint were trained at a higher one and discarded).
+  _, multiplier = saved_rollbacks(model_dir)
+  if multiplier != 1.0 and state.base_learning_rate is not None:
+    state.set_peak_rate(state.base_learning_rate * multiplier)
   try:
     report, outputs = replay_to(state, step, stop_at_nonfinite=False)
     if dump:

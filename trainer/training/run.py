@@ -140,24 +140,49 @@ def _start_line(state: RunState, restored, nan_policy) -> str:
 
 
 def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
-  config, is_chief = state.config, state.is_chief
+  config = state.config
   if state.checkpoints.exists():  # Before restoring: another model would not fit.
     _refuse_changes(config, run_dir.layout_changes(
         config.model_dir, config, tasks.layout_field_names(type(state.task))))
   restored = state.restore_checkpoint()
-  _refuse_changes(config, state.resume_changes())
+  if restored is not None:
+    _refuse_changes(config, state.resume_changes())
   state.checkpoints.clean_leftovers()
   results = Results(config, state, best_metric=best[0], best_goal=best[1])
+  # Every collective from here on is bounded: a lost peer is a hang report, exit 7.
+  watchdog = HangWatchdog(
+      limit=config.hang_timeout_seconds, directory=config.model_dir,
+      worker=_worker_name(state.strategy),
+      on_hang=lambda step: results.finish("hung", step=step))
+  watchdog.completed(state.step)
+  with watchdog:
+    return _train_watched(state, results, watchdog, restored=restored,
+                          stop_request=stop_request, export_dir=export_dir,
+                          best=best)
+
+
+def _train_watched(state: RunState, results: Results, watchdog: HangWatchdog, *,
+                   restored, stop_request, export_dir, best) -> dict:
+  """Trains (and evaluates, exports) from the restored state, with the watchdog
+  on: every collective runs inside one of its guards."""
+  config, is_chief = state.config, state.is_chief
   summaries = Summaries(config.model_dir, enabled=is_chief and config.summaries)
   progress = Progress(total_steps=config.train_steps,
                       enabled=is_chief and config.summaries, speak=is_chief)
+
+  def vote(phase: str, stop: bool) -> bool:
+    with watchdog.guard(phase, step=state.step):
+      return state.stop_vote(stop)
+
   # Decided together: a worker that cannot see the export would otherwise go on.
-  if state.stop_vote(_finished_before(state, results, restored)):
+  if vote("the vote on whether the run is finished",
+          _finished_before(state, results, restored)):
     progress.say(f"model_dir {config.model_dir}: already completed at step "
                  f"{state.step} >= --train_steps={config.train_steps}; nothing to "
                  "train, nothing changed")
     return results.previous
-  nan_policy = actions.NanPolicy(state=state, results=results, progress=progress)
+  nan_policy = actions.NanPolicy(state=state, results=results, progress=progress,
+                                 on_replayed_step=watchdog.progressed)
   nan_policy.apply_learning_rate()
   progress.say(_start_line(state, restored, nan_policy))
   if config.init_checkpoint and restored is not None:
@@ -172,26 +197,21 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
   summaries.text("train", state.step, "flags", markdown_flags(config.to_flags()))
   summaries.hparams({name: config.value(name) for name in config.hparams})
   if restored is None:
-    state.save_checkpoint()  # A rollback target and an eval-able step 0.
+    with watchdog.guard("checkpoint", step=0):
+      state.save_checkpoint()  # A rollback target and an eval-able step 0.
   evaluator = actions.Evaluator(state=state, results=results, summaries=summaries,
                                 progress=progress, best_metric=best)
   profiler = actions.Profiler(state)
-  watchdog = HangWatchdog(
-      limit=config.hang_timeout_seconds, directory=config.model_dir,
-      worker=_worker_name(state.strategy),
-      on_hang=lambda step: results.finish("hung", step=step))
-  watchdog.completed(state.step)
 
   def stopping(during: str) -> bool:
     """A signal came (before or) during `during`: every worker agrees to stop."""
-    if not state.stop_vote(bool(stop_request)):
+    if not vote(f"the stop vote {during}", bool(stop_request)):
       return False
     progress.say(f"{stop_request.signal_name or 'a stop request'} {during}: the "
                  f"checkpoint of step {state.step} is kept; rerun the same command "
                  "to finish")
     return True
 
-  watchdog.start()
   try:
     if stopping("during set-up"):
       return results.finish("interrupted")
@@ -227,7 +247,6 @@ def _train_in_dir(state: RunState, best, stop_request, export_dir) -> dict:
         return results.finish("interrupted")
     return results.finish(status)
   finally:
-    watchdog.stop()
     profiler.close()
     summaries.close()
     state.checkpoints.close()

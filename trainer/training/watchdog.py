@@ -21,6 +21,7 @@ Example:
     watchdog.completed(10)
 """
 
+import collections
 import contextlib
 import os
 import re
@@ -36,6 +37,7 @@ from trainer.config import HANG_TIMEOUT_FLOOR_SECONDS
 from trainer.errors import ExitCode
 
 DEFAULT_CALL_MULTIPLE = 20  # --hang_timeout unset: 20 median loop calls or more.
+_CALLS_KEPT = 200  # The median of the recent loop calls sets the default limit.
 LOOP_CALL = "loop call"
 # What TensorFlow raises in a collective whose peer is gone or too slow.
 PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
@@ -99,7 +101,8 @@ class HangWatchdog:
     self._worker = worker
     self._on_hang = on_hang
     self._out = out or sys.stderr
-    self._call_seconds = []
+    self._call_seconds = collections.deque(maxlen=_CALLS_KEPT)
+    self._reported = threading.Lock()  # One report, from whichever thread is first.
     self._last_step = None
     self._armed = None  # (phase, step, started, deadline) while a phase runs.
     self._wake = threading.Condition()
@@ -135,6 +138,15 @@ class HangWatchdog:
   def completed(self, step: int):
     """Notes that the run has completed `step` (named in a hang report)."""
     self._last_step = step
+
+  def progressed(self):
+    """Gives the phase now armed a new deadline: it is making progress (e.g. a
+    replay of many steps, each bounded like a loop call)."""
+    with self._wake:
+      if self._armed is not None:
+        phase, step, started, _ = self._armed
+        self._armed = (phase, step, started, time.monotonic() + self.limit)
+        self._wake.notify()
 
   @contextlib.contextmanager
   def guard(self, phase: str, *, step: int):
@@ -183,20 +195,30 @@ class HangWatchdog:
                 f"{armed[3] - started:g}s)")
 
   def report(self, why: str):
-    """Writes the hang report (file and stderr), calls on_hang and exits 7."""
+    """Writes the hang report (file, results via on_hang, then stderr) and exits 7.
+
+    The file and results.json come first: stderr may be a pipe nobody reads. A
+    second report (the watchdog thread and a collective error at once) waits for
+    the first one's exit.
+    """
+    self._reported.acquire()  # Never released: the process ends below.
+    with self._wake:
+      self._armed = None  # Disarmed: the watchdog thread does not report again.
     headline = (f"hang on {self._worker}: {why}; last completed step "
                 f"{self._last_step}. Rerun the same command to resume from the last "
                 "checkpoint")
-    stacks = thread_stacks()
-    where = self._path
     try:
-      with open(self._path, "w") as f:
-        f.write(f"{headline}\n\n{stacks}")
-    except OSError as e:
-      where = f"not written: {e}"
-    try:
-      self._out.write(f"error: {headline} (stacks: {where})\n{stacks}")
-      self._out.flush()
-      self._on_hang(self._last_step)
+      stacks = thread_stacks()
+      where = self._path
+      try:
+        with open(self._path, "w") as f:
+          f.write(f"{headline}\n\n{stacks}")
+      except OSError as e:
+        where = f"not written: {e}"
+      try:
+        self._on_hang(self._last_step)
+      finally:
+        self._out.write(f"error: {headline} (stacks: {where})\n{stacks}")
+        self._out.flush()
     finally:
       os._exit(int(ExitCode.HUNG))  # pylint: disable=protected-access
