@@ -45,3 +45,20 @@ def test_two_replicas_continue_on_four_with_the_same_global_batch(tmp_path, caps
       "until_step": 20, "num_replicas": 2, "replica_batches": [20, 20],
       "replica_examples": [320, 320]}]
 
+
+
+def test_a_checkpoint_without_the_global_batch_is_checked_by_its_results(tmp_path):
+  """Checkpoints of an earlier version carry no global batch in their run record;
+  the run's results.json has it, so a changed batch is still refused."""
+  import json  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  from trainer.training.state import RunState  # pylint: disable=g-import-not-at-top
+  (tmp_path / "results.json").write_text(json.dumps({"global_batch_size": 64}))
+  state = types.SimpleNamespace(
+      record=types.SimpleNamespace(data={}), config=Config(model_dir=str(tmp_path)),
+      global_batch_size=32, num_replicas=1, per_replica_batch_size=32,
+      data_identity={})
+  changes = RunState.resume_changes(state)
+  assert changes == ["global batch 32 (1 replica(s) x 32; the run has 64)"]
+  state.global_batch_size = 64
+  assert RunState.resume_changes(state) == []

@@ -79,6 +79,8 @@ def test_replay_prints_the_same_numbers_and_dumps_the_batch(diverged, tmp_path):
 @pytest.mark.parametrize("args, code, fragment", [
     (["--step=0"], 2, "--step=0: must be >= 1"),
     (["--step=3", "--dump=out.txt"], 2, "--dump=out.txt: must be a path ending in .npz"),
+    (["--step=3", "--dump=/nonexistent/d/s.npz"], 2,
+     "--dump=/nonexistent/d/s.npz: no directory /nonexistent/d to write it in"),
 ])
 def test_replay_bad_input_is_one_line(diverged, args, code, fragment):
   model_dir, _ = diverged
@@ -105,3 +107,21 @@ def test_replay_of_a_finite_step_reproduces_what_training_logged(diverged):
   logged = dict(read_scalars(os.path.join(model_dir, "train"))["gradient_norm"])[2]
   norm = float(replayed.stdout.split("  gradient norm ")[1].split()[0])
   assert np.float32(norm) == np.float32(logged)
+
+
+def test_replay_trains_at_the_rate_left_by_the_last_rollback(diverged, tmp_path):
+  """After --on_nan=rollback lowered the rate (rollbacks.json), the replayed steps
+  use the lowered rate: step 4's loss, which follows step 3's update, changes."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  model_dir, _ = diverged
+  halved = str(tmp_path / "halved")
+  shutil.copytree(model_dir, halved)
+  with open(os.path.join(halved, "rollbacks.json"), "w") as f:
+    # Far below the real 0.5 per rollback, so that step 4 stays finite.
+    json.dump({"rollbacks": 1, "lr_multiplier": 0.001, "step": 2}, f)
+  losses = []
+  for directory in (model_dir, halved):
+    replayed = replay(f"--model_dir={directory}", "--step=4")
+    assert replayed.returncode == 0, replayed.stderr
+    losses.append(replayed.stdout.split("  loss ")[1].split()[0])
+  assert losses[0] == "inf" and losses[1] != "inf", losses

@@ -8,6 +8,7 @@ or of any other step. --dump writes the step's batch and gradients to an .npz.
 The run directory is only read.
 """
 
+import os
 import sys
 
 from trainer import argparsing, tf_loader
@@ -30,6 +31,9 @@ def main(argv=None) -> int:
     parser.error(f"--step={args.step}: must be >= 1")
   if args.dump and not args.dump.endswith(".npz"):
     parser.error(f"--dump={args.dump}: must be a path ending in .npz")
+  if args.dump and not os.path.isdir(os.path.dirname(args.dump) or "."):
+    parser.error(f"--dump={args.dump}: no directory "
+                 f"{os.path.dirname(args.dump)} to write it in")
   tf_loader.load_tensorflow()
   from trainer.training import divergence  # pylint: disable=g-import-not-at-top
   try:

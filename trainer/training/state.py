@@ -14,6 +14,7 @@ import tensorflow as tf
 from trainer import data
 from trainer.config import Config
 from trainer.errors import TaskError
+from trainer.outputs import run_dir
 from trainer.tasks import Task
 from trainer.tasks.base import METRIC_NAME
 from trainer.training import ledger, schedules, steps
@@ -182,6 +183,10 @@ class RunState:
     training data. One phrase per change; empty when the run can go on."""
     record, changes = self.record.data, []
     was = record.get("global_batch_size")
+    if was is None:  # A checkpoint of an earlier version: its results.json says.
+      previous = run_dir.read_json(os.path.join(self.config.model_dir,
+                                                run_dir.RESULTS_FILE))
+      was = previous.get("global_batch_size") if isinstance(previous, dict) else None
     if was is not None and was != self.global_batch_size:
       changes.append(f"global batch {self.global_batch_size} ({self.num_replicas} "
                      f"replica(s) x {self.per_replica_batch_size}; the run has {was})")
