@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO, cli_env, read_results, read_scalars
 from test_sweep import read_csv, sweep, sweep_record
 from trainer.errors import ConfigError
-from trainer.sweeps import cli, spec, study
+from trainer.sweeps import cli, search, spec, study
 
 SHORT = ["--", "--dataset=digits", "--model=mlp", "--train_steps=30",
          "--steps_per_loop=10", "--checkpoint_every=10", "--eval_every=10",
@@ -99,16 +99,16 @@ def test_tpe_proposals_differ_between_sweep_processes(tmp_path):
   values = [queue.claim()[2]["learning_rate"] for queue in (first, second, second)]
   assert len(set(values)) == 3, values
   # And they are the dry run's proposals, slot by slot.
-  proposed = cli.tpe_proposals(first._params, trials=4, seed=0)  # pylint: disable=protected-access
+  proposed = search.tpe_proposals(first._params, trials=4, seed=0)  # pylint: disable=protected-access
   assert [v["learning_rate"] for _, v in proposed[:3]] == values
 
 
 def test_a_storage_in_the_root_is_created_with_it(tmp_path):
   root = tmp_path / "new" / "sweep"
-  assert study.in_root(f"journal:{root}/study.journal", str(root))
-  assert not study.in_root(f"sqlite:///{tmp_path}/other.db", str(root))
-  assert not study.in_root("postgresql://localhost/db", str(root))
-  study.open_storage(f"journal:{root}/study.journal", str(root))
+  assert search.in_root(f"journal:{root}/study.journal", str(root))
+  assert not search.in_root(f"sqlite:///{tmp_path}/other.db", str(root))
+  assert not search.in_root("postgresql://localhost/db", str(root))
+  search.open_storage(f"journal:{root}/study.journal", str(root))
   assert root.is_dir()
 
 
@@ -265,6 +265,6 @@ def test_bad_sweep_options_are_one_line(tmp_path, capsys, args, message):
 
 def test_large_seeds_seed_tpe_too():
   params = [spec.parse_random("learning_rate=loguniform:1e-4:1e-1")]
-  first = cli.tpe_proposals(params, trials=2, seed=20240601)
-  assert first == cli.tpe_proposals(params, trials=2, seed=20240601)
+  first = search.tpe_proposals(params, trials=2, seed=20240601)
+  assert first == search.tpe_proposals(params, trials=2, seed=20240601)
   assert len({values["learning_rate"] for _, values in first}) == 2

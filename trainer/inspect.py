@@ -14,7 +14,8 @@ from trainer import tf_loader
 from trainer.outputs import run_dir
 from trainer.outputs.progress import format_metrics
 from trainer.sweeps import report
-from trainer.sweeps.runner import SWEEP_FILE, TrialRun, results_metrics
+from trainer.sweeps.runner import SWEEP_FILE
+from trainer.sweeps.trial_run import TrialRun, results_metrics
 from trainer.sweeps.spec import Trial
 
 SPLITS = ("train", "eval")

@@ -17,9 +17,10 @@ from trainer import argparsing
 from trainer import config as config_lib
 from trainer.outputs import run_dir
 from trainer.errors import ConfigError, ExitCode, TrainerError
-from trainer.sweeps import report, spec, study
+from trainer.sweeps import report, search, spec, study
 from trainer.tasks.base import METRIC_NAME
-from trainer.sweeps.runner import LOG_DIR, Sweep, TrialRun
+from trainer.sweeps.runner import LOG_DIR, Sweep
+from trainer.sweeps.trial_run import TrialRun
 
 
 def _parser():
@@ -41,12 +42,12 @@ def _parser():
                       help="random samples or TPE proposals (default 10)")
   parser.add_argument("--seed", type=int, default=0,
                       help="seed of the random samples and of TPE")
-  parser.add_argument("--sampler", choices=study.SAMPLERS,
+  parser.add_argument("--sampler", choices=search.SAMPLERS,
                       help="grid (every --grid point), random (--trials samples of "
                            "--random, each with every grid point) or tpe (Optuna's "
                            "model-based search over both, --trials proposals); "
                            "default: random with --random, else grid")
-  parser.add_argument("--pruner", choices=study.PRUNERS, default="none",
+  parser.add_argument("--pruner", choices=search.PRUNERS, default="none",
                       help="stop trials that are behind at an evaluation: median, "
                            "asha (successive halving), hyperband; rungs are the "
                            "trials' --eval_every steps (default none)")
@@ -186,7 +187,7 @@ def build_plan(args) -> Plan:
   if args.sampler == "tpe":
     spec.check_params(params)
     planned = None
-    checked = tpe_proposals(params, trials=args.trials, seed=args.seed)
+    checked = search.tpe_proposals(params, trials=args.trials, seed=args.seed)
   else:
     trials = spec.expand(params, trials=args.trials, seed=args.seed)
     planned = checked = [(t.name, t.values) for t in trials]
@@ -234,26 +235,10 @@ def _check_pruner(args, config):
                       "--eval_every=N (N < --train_steps)")
 
 
-def tpe_proposals(params, *, trials: int, seed: int) -> list:
-  """TPE's first proposals with no results yet, as [(name, values)]: what a
-  fresh sweep starts with (its startup trials are seeded random samples)."""
-  optuna = study._optuna()  # pylint: disable=protected-access
-  probe = optuna.create_study()
-  distributions = {p.name: study.distribution(p) for p in params}
-  width = len(str(trials - 1))
-  proposals = []
-  for slot in range(min(trials, 10)):  # TPE's startup trials: the data-free part.
-    probe.sampler = study.make_sampler("tpe", study.slot_seed(seed, slot))
-    values = {name: study._round(value) for name, value in  # pylint: disable=protected-access
-              probe.ask(distributions).params.items()}
-    proposals.append((spec.trial_name(values, prefix=f"{slot:0{width}d}-"), values))
-  return proposals
-
-
 def _print_dry_run(args, plan):
   """The trials and their commands; for TPE, its first (data-free) proposals."""
   if plan.planned is None:
-    trials = tpe_proposals(plan.params, trials=args.trials, seed=args.seed)
+    trials = search.tpe_proposals(plan.params, trials=args.trials, seed=args.seed)
     end = (f"{args.trials} trials: the first {len(trials)} proposals of TPE; it "
            "adapts the others to their results (dry run: nothing was started)")
   else:
@@ -289,8 +274,8 @@ def main(argv=None) -> int:
     return 0
   params = plan.params
   try:
-    if args.storage and not study.in_root(args.storage, args.root):
-      study.open_storage(args.storage, args.root)  # A bad URL: nothing written.
+    if args.storage and not search.in_root(args.storage, args.root):
+      search.open_storage(args.storage, args.root)  # A bad URL: nothing written.
     run_dir.ensure_writable(args.root)
     queue = study.StudyQueue(
         root=args.root, storage=args.storage, study_name=args.study, goal=args.goal,

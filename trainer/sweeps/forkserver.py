@@ -207,13 +207,15 @@ def _warm_up():
     importlib.import_module(name)
 
 
-def _die_with_parent():
+def die_with_parent_function():
   """A function that makes the calling process get SIGTERM when its parent dies
-  (looked up once, before any fork); a no-op where there is no prctl."""
+  (prctl PR_SET_PDEATHSIG), for a child to call before exec or after fork. prctl
+  is looked up here, in the parent: a child forked from a process with threads
+  should not load libraries. None where there is no prctl (not Linux)."""
   try:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
   except (OSError, AttributeError):
-    return lambda: None
+    return None
   return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
@@ -226,7 +228,8 @@ def _child(request: dict, die_with_parent, server_pid: int):
     from trainer import interrupts  # pylint: disable=g-import-not-at-top
     interrupts.install()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # Blocked in fork.
-    die_with_parent()
+    if die_with_parent is not None:
+      die_with_parent()
     if os.getppid() != server_pid:  # The server died before prctl took effect.
       os._exit(int(ExitCode.INTERRUPTED))  # pylint: disable=protected-access
     null = os.open(os.devnull, os.O_RDONLY)
@@ -274,7 +277,7 @@ def serve():
   signal.signal(signal.SIGTERM, pass_sigterm_on)
   out = sys.stdout.fileno()
   _warm_up()
-  die_with_parent = _die_with_parent()
+  die_with_parent = die_with_parent_function()
   os.write(out, (_READY + "\n").encode())
   pending = b""
   stdin_open = True

@@ -1,4 +1,6 @@
-"""Runs a sweep's trials as `python -m trainer.main` subprocesses, --parallel at once.
+"""Runs a sweep's trials as `python -m trainer.main` processes, --parallel at once:
+forked warm from the fork server (trainer/sweeps/forkserver.py) by default, or
+started cold.
 
 The trials come from the sweep's Optuna study (trainer/sweeps/study.py), which
 several sweep processes may share: each claims the next waiting trial. Each trial
@@ -11,11 +13,10 @@ queue and resumes from its checkpoints when the sweep is rerun. ROOT/sweep.json
 records every trial's state for `python -m trainer.inspect ROOT`.
 
 A trial dies with its sweep (PR_SET_PDEATHSIG: a SIGKILLed sweep's trials get a
-SIGTERM, save and stop), so a rerun can take them over.
+SIGTERM, save and stop), so a rerun can take them over; the rerun waits for one
+still saving to let go of its model_dir.
 """
 
-import ctypes
-import dataclasses
 import os
 import signal
 import subprocess
@@ -25,8 +26,9 @@ from typing import Optional
 
 from trainer.outputs import progress, run_dir
 from trainer.errors import ExitCode
-from trainer.sweeps import forkserver, report
+from trainer.sweeps import forkserver, report, trial_run
 from trainer.sweeps.spec import Trial
+from trainer.sweeps.trial_run import TrialRun, results_metrics
 from trainer.sweeps.study import HEARTBEAT_SECONDS, STALE_SECONDS
 
 SWEEP_FILE = "sweep.json"
@@ -35,75 +37,13 @@ LOG_DIR = "logs"
 _POLL_SECONDS = 0.25
 _LIVE_TABLE_SECONDS = 1.0  # On a terminal the table is redrawn in place.
 _PLAIN_TABLE_SECONDS = 30.0  # In a log: on every start and end, and this often.
-_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies.
 # A killed sweep's trial saves its checkpoint before it lets go of its model_dir:
 # the rerun's attempt that finds it locked waits this long for it, then fails.
 LOCK_WAIT_SECONDS = 300.0
 _LOCK_RETRY_SECONDS = 2.0
 
 
-@dataclasses.dataclass
-class TrialRun:
-  """A trial and what is known of its runs so far."""
-  trial: Trial
-  command: list
-  model_dir: str
-  log_path: str
-  status: str = "pending"  # pending, running, completed, pruned, diverged, failed,
-  # interrupted
-  attempts: int = 0
-  returncode: Optional[int] = None
-  error: str = ""
-  elapsed: float = 0.0
-  metrics: dict = dataclasses.field(default_factory=dict)
-  process: Optional[subprocess.Popen] = None
-  started: float = 0.0
-  log_offset: int = 0
-  optuna_trial: object = None  # The study's trial this run is (while running).
-  elapsed_before: float = 0.0  # Seconds of earlier invocations.
-  pruning: bool = False  # The pruner stopped it.
-  lost: bool = False  # Another sweep process took its trial over.
-  locked_since: float = 0.0  # When it first found its model_dir locked (exit 5).
-  start_after: float = 0.0  # Not started again before this (time.monotonic()).
-
-  @property
-  def name(self) -> str:
-    return self.trial.name
-
-  def record(self) -> dict:
-    return {"name": self.name, "values": self.trial.values, "status": self.status,
-            "attempts": self.attempts, "returncode": self.returncode,
-            "error": self.error, "elapsed_s": round(self.elapsed, 1),
-            "metrics": self.metrics, "command": self.command}
-
-
-def results_metrics(results: dict) -> dict:
-  """The metrics a sweep compares, from a trial's results.json."""
-  metrics = {"step": results.get("global_step")}
-  for split in ("train", "eval"):
-    values = results.get(split)
-    if not isinstance(values, dict):
-      continue
-    for name, value in values.items():
-      if name not in ("step", "examples") and isinstance(value, (int, float)):
-        metrics[f"{split}/{name}"] = value
-  if "examples_per_second" in results:
-    metrics["examples_per_second"] = results["examples_per_second"]
-  return metrics
-
-
-def _die_with_parent_function():
-  """What a trial's process calls before exec so that the sweep's death SIGTERMs
-  it: prctl, looked up here in the parent (a forked child of a threaded parent
-  should not load libraries); None where there is no prctl (not Linux)."""
-  try:
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-  except (OSError, AttributeError):
-    return None
-  return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-_DIE_WITH_PARENT = _die_with_parent_function()
+_DIE_WITH_PARENT = forkserver.die_with_parent_function()
 
 
 class Sweep:
@@ -303,7 +243,7 @@ class Sweep:
       if isinstance(results, dict):
         run.metrics = results_metrics(results)
       log = os.path.join(self.root, LOG_DIR, record.name + ".log")
-      run.command = _logged_command(log)
+      run.command = trial_run.logged_command(log)
       runs.append(run)
     return runs
 
@@ -329,7 +269,7 @@ class Sweep:
     run.log_offset = os.path.getsize(run.log_path)
     with log:
       run.process = self._spawn_warm(run) or subprocess.Popen(
-          run.command, stdout=log, stderr=subprocess.STDOUT, env=_trial_env(),
+          run.command, stdout=log, stderr=subprocess.STDOUT, env=trial_run.trial_env(),
           stdin=subprocess.DEVNULL, preexec_fn=_DIE_WITH_PARENT)
     if self._stopping:  # Asked to stop while it was being started.
       run.process.send_signal(signal.SIGTERM)
@@ -342,7 +282,7 @@ class Sweep:
     if not self._fork_server:
       return None
     if self._server is None:
-      self._server = forkserver.ForkServer.start(env=_trial_env(),
+      self._server = forkserver.ForkServer.start(env=trial_run.trial_env(),
                                                  preexec_fn=_DIE_WITH_PARENT)
       if self._server is None:
         self._fork_server = False
@@ -392,7 +332,7 @@ class Sweep:
         run_dir.write_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE),
                            dict(results, status="pruned"))
     if run.status not in ("completed", "pruned"):
-      run.error = _last_error_line(run.log_path) or f"exit code {run.returncode}"
+      run.error = trial_run.last_error_line(run.log_path) or f"exit code {run.returncode}"
     metric = self._ranking.get("metric")
     if run.status == "completed" and metric and metric not in run.metrics:
       reported = sorted(k for k in run.metrics if "/" in k or k == "examples_per_second")
@@ -428,29 +368,3 @@ class Sweep:
     self._out.flush()
     self._drawn_lines = text.count("\n") + 1 if self._live and not final else 0
     self._last_draw = now
-
-
-def _trial_env() -> dict:
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  env.pop("TF_CONFIG", None)  # A trial is one process, never a cluster worker.
-  return env
-
-
-def _logged_command(log_path: str) -> list:
-  """The command of a trial's latest attempt, from its log (another process's)."""
-  try:
-    with open(log_path, errors="replace") as f:
-      attempts = [line for line in f if line.startswith("# attempt ")]
-  except OSError:
-    return []
-  return attempts[-1].split(": ", 1)[1].split() if attempts else []
-
-
-def _last_error_line(log_path: str) -> str:
-  """The trainer's one-line error (or the last line) of a trial's latest attempt."""
-  with open(log_path, errors="replace") as f:
-    lines = f.read().split("# attempt ")[-1].splitlines()[1:]
-  errors = [line for line in lines if line.startswith("error:")]
-  if errors:
-    return errors[-1]
-  return next((line for line in reversed(lines) if line.strip()), "")

@@ -33,124 +33,14 @@ import socket
 import time
 
 from trainer.errors import ConfigError
-from trainer.sweeps.spec import Param, trial_name
+from trainer.sweeps.search import (distribution, load_optuna, make_pruner,
+                                   make_sampler, open_storage, round_value,
+                                   slot_seed)
+from trainer.sweeps.spec import trial_name
 
-SAMPLERS = ("grid", "random", "tpe")
-PRUNERS = ("none", "median", "asha", "hyperband")
-STUDY_DB = "study.db"
 LOCK_FILE = ".study.lock"
-REDUCTION_FACTOR = 3  # ASHA and Hyperband keep the best third at each rung.
 HEARTBEAT_SECONDS = 10.0
-_OPEN_ATTEMPTS = 5
 STALE_SECONDS = 120.0  # A trial of another machine without a heartbeat this long.
-
-
-def _optuna():
-  import optuna  # pylint: disable=g-import-not-at-top
-  optuna.logging.set_verbosity(optuna.logging.WARNING)
-  return optuna
-
-
-def open_storage(url, root: str):
-  """The Optuna storage of `--storage` (default: ROOT/study.db).
-
-  Args:
-    url: an SQLAlchemy URL (sqlite:///F, postgresql://..., mysql://...), a
-      `journal:PATH` file, or None.
-    root: the sweep root (created already).
-
-  Raises:
-    ConfigError: naming the storage and why it cannot be opened.
-  """
-  optuna = _optuna()
-  url = url or f"sqlite:///{os.path.abspath(os.path.join(root, STUDY_DB))}"
-  if in_root(url, root):  # Its directory is the sweep's to make.
-    with contextlib.suppress(OSError):  # Then the open below says why.
-      os.makedirs(os.path.dirname(_storage_file(url)), exist_ok=True)
-  for attempt in range(_OPEN_ATTEMPTS):
-    try:
-      if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend  # pylint: disable=g-import-not-at-top
-        return optuna.storages.JournalStorage(
-            JournalFileBackend(url[len("journal:"):]))
-      if "://" not in url:
-        raise ValueError("not a database URL")
-      kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-      return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as e:  # pylint: disable=broad-except
-      # SQLAlchemy, drivers and the file system each raise their own kinds.
-      reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-      if "IntegrityError" in reason and attempt + 1 < _OPEN_ATTEMPTS:
-        time.sleep(0.5)  # Another sweep process created the tables meanwhile.
-        continue
-      raise ConfigError(f"--storage={url}: cannot open it ({reason}); use "
-                        "sqlite:///FILE, postgresql://..., mysql://... or "
-                        "journal:FILE") from None
-
-
-def _storage_file(url: str):
-  """The file of a journal: or sqlite:/// storage URL (None for a server)."""
-  if url.startswith("journal:"):
-    return url[len("journal:"):]
-  if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-    return url[len("sqlite:///"):]
-  return None
-
-
-def in_root(url, root: str) -> bool:
-  """Whether a storage is a file under the sweep root (created with the root)."""
-  path = _storage_file(url or "sqlite:///" + os.path.join(root, STUDY_DB))
-  if not path:
-    return False
-  root = os.path.abspath(root)
-  return os.path.commonpath([os.path.abspath(path), root]) == root
-
-
-def make_sampler(kind: str, seed: int):
-  """The sampler of a claim. TPE gets a fresh one seeded per trial slot (see
-  `slot_seed`), so that sweep processes sharing a study do not propose the same
-  startup trials; constant liar keeps parallel proposals apart afterwards."""
-  optuna = _optuna()
-  if kind == "tpe":
-    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
-  # Grid and random trials are planned (enqueued with their values) up front.
-  return optuna.samplers.RandomSampler(seed=seed)
-
-
-def make_pruner(kind: str, *, eval_every: int, train_steps: int):
-  """The pruner; its rungs are the trials' evaluation steps (--eval_every)."""
-  pruners = _optuna().pruners
-  if kind == "median":
-    return pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0,
-                                interval_steps=1)
-  if kind == "asha":
-    return pruners.SuccessiveHalvingPruner(min_resource=eval_every,
-                                           reduction_factor=REDUCTION_FACTOR)
-  if kind == "hyperband":
-    return pruners.HyperbandPruner(min_resource=eval_every, max_resource=train_steps,
-                                   reduction_factor=REDUCTION_FACTOR)
-  return pruners.NopPruner()
-
-
-def distribution(param: Param):
-  """The Optuna distribution of a swept flag."""
-  distributions = _optuna().distributions
-  if param.distribution in ("grid", "choice"):
-    return distributions.CategoricalDistribution(list(param.values))
-  if param.distribution == "int":
-    return distributions.IntDistribution(int(param.low), int(param.high))
-  return distributions.FloatDistribution(param.low, param.high,
-                                         log=param.distribution == "loguniform")
-
-
-def slot_seed(seed: int, slot: int) -> int:
-  """The TPE sampler's seed for the proposal of trial `slot` of a sweep."""
-  return (seed * 100_003 + slot) % 2**32  # numpy's seeds are 32-bit.
-
-
-def _round(value):
-  """Sampled floats are rounded (as random search does) so names stay readable."""
-  return float(f"{value:.4g}") if isinstance(value, float) else value
 
 
 def _pid_alive(pid: int) -> bool:
@@ -205,7 +95,7 @@ class StudyQueue:
       ConfigError: the storage cannot be opened, or the study there was planned
         with other options.
     """
-    optuna = _optuna()
+    optuna = load_optuna()
     self._root = root
     self._params = params
     self._planned = planned
@@ -265,7 +155,7 @@ class StudyQueue:
     Raises:
       ConfigError: the study was planned by another sweep (other options).
     """
-    state = _optuna().trial.TrialState
+    state = load_optuna().trial.TrialState
     with self._locked():
       attrs = self.study.user_attrs
       if "plan" not in attrs:
@@ -315,8 +205,8 @@ class StudyQueue:
     attrs = dict(trial.user_attrs, status=status)
     attrs.pop("owner", None)
     attrs.pop("heartbeat", None)
-    if trial.state == _optuna().trial.TrialState.RUNNING:
-      self.study.tell(trial.number, state=_optuna().trial.TrialState.FAIL,
+    if trial.state == load_optuna().trial.TrialState.RUNNING:
+      self.study.tell(trial.number, state=load_optuna().trial.TrialState.FAIL,
                       skip_if_finished=True)
     params = {p: trial.params[p] for p in trial.params}
     self.study.enqueue_trial(params, user_attrs=attrs)
@@ -332,7 +222,7 @@ class StudyQueue:
 
   def claim(self):
     """Takes the next waiting trial: (optuna Trial, name, values), or None."""
-    state = _optuna().trial.TrialState
+    state = load_optuna().trial.TrialState
     with self._locked():
       waiting = self.study.get_trials(deepcopy=False, states=(state.WAITING,))
       if not waiting:
@@ -348,7 +238,7 @@ class StudyQueue:
       trial.set_user_attr("status", "running")
       name, values = trial.user_attrs.get("name"), trial.user_attrs.get("values")
       if name is None:  # A TPE proposal: named by its slot and rounded values.
-        values = {p.name: _round(trial.params[p.name]) for p in self._params}
+        values = {p.name: round_value(trial.params[p.name]) for p in self._params}
         slot, width = trial.user_attrs["slot"], trial.user_attrs["width"]
         name = trial_name(values, prefix=f"{slot:0{width}d}-")
         trial.set_user_attr("name", name)
@@ -362,7 +252,7 @@ class StudyQueue:
     try:
       for key, value in attrs.items():
         trial.set_user_attr(key, value)
-    except _optuna().exceptions.UpdateFinishedTrialError:
+    except load_optuna().exceptions.UpdateFinishedTrialError:
       return False
     return True
 
@@ -372,7 +262,7 @@ class StudyQueue:
     one another process took over: its heartbeat check stops that)."""
     try:
       trial.report(value, step)
-    except _optuna().exceptions.UpdateFinishedTrialError:
+    except load_optuna().exceptions.UpdateFinishedTrialError:
       return False
     return trial.should_prune()
 
@@ -381,7 +271,7 @@ class StudyQueue:
     """Records how a claimed trial ended. One that must run again (interrupted,
     failed) is queued again by the next `prepare`, i.e. when the sweep is rerun,
     not at once: an interrupted sweep or a --max_time budget must end."""
-    state = _optuna().trial.TrialState
+    state = load_optuna().trial.TrialState
     if not self.set_attrs(trial, status=status, attempts=attempts, error=error,
                           elapsed=round(elapsed, 1)):
       return  # Taken over meanwhile: the copy's process records it.

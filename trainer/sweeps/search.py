@@ -1,0 +1,146 @@
+"""What a sweep's Optuna study searches with: its storage, sampler, pruner and the
+distributions of the swept flags (trainer/sweeps/study.py holds the study).
+
+Example:
+
+  storage = open_storage("journal:runs/s1/study.journal", "runs/s1")
+  sampler = make_sampler("tpe", slot_seed(seed=0, slot=3))
+  pruner = make_pruner("asha", eval_every=100, train_steps=1000)
+"""
+
+import contextlib
+import os
+import time
+
+from trainer.errors import ConfigError
+from trainer.sweeps.spec import Param, trial_name
+
+SAMPLERS = ("grid", "random", "tpe")
+PRUNERS = ("none", "median", "asha", "hyperband")
+STUDY_DB = "study.db"
+REDUCTION_FACTOR = 3  # ASHA and Hyperband keep the best third at each rung.
+_OPEN_ATTEMPTS = 5
+
+
+def load_optuna():
+  """The optuna module, imported on first use (it is slow), its logging quiet."""
+  import optuna  # pylint: disable=g-import-not-at-top
+  optuna.logging.set_verbosity(optuna.logging.WARNING)
+  return optuna
+
+
+def open_storage(url, root: str):
+  """The Optuna storage of `--storage` (default: ROOT/study.db).
+
+  Args:
+    url: an SQLAlchemy URL (sqlite:///F, postgresql://..., mysql://...), a
+      `journal:PATH` file, or None.
+    root: the sweep root (created already).
+
+  Raises:
+    ConfigError: naming the storage and why it cannot be opened.
+  """
+  optuna = load_optuna()
+  url = url or f"sqlite:///{os.path.abspath(os.path.join(root, STUDY_DB))}"
+  if in_root(url, root):  # Its directory is the sweep's to make.
+    with contextlib.suppress(OSError):  # Then the open below says why.
+      os.makedirs(os.path.dirname(_storage_file(url)), exist_ok=True)
+  for attempt in range(_OPEN_ATTEMPTS):
+    try:
+      if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend  # pylint: disable=g-import-not-at-top
+        return optuna.storages.JournalStorage(
+            JournalFileBackend(url[len("journal:"):]))
+      if "://" not in url:
+        raise ValueError("not a database URL")
+      kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+      return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      # SQLAlchemy, drivers and the file system each raise their own kinds.
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      if "IntegrityError" in reason and attempt + 1 < _OPEN_ATTEMPTS:
+        time.sleep(0.5)  # Another sweep process created the tables meanwhile.
+        continue
+      raise ConfigError(f"--storage={url}: cannot open it ({reason}); use "
+                        "sqlite:///FILE, postgresql://..., mysql://... or "
+                        "journal:FILE") from None
+
+
+def _storage_file(url: str):
+  """The file of a journal: or sqlite:/// storage URL (None for a server)."""
+  if url.startswith("journal:"):
+    return url[len("journal:"):]
+  if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+    return url[len("sqlite:///"):]
+  return None
+
+
+def in_root(url, root: str) -> bool:
+  """Whether a storage is a file under the sweep root (created with the root)."""
+  path = _storage_file(url or "sqlite:///" + os.path.join(root, STUDY_DB))
+  if not path:
+    return False
+  root = os.path.abspath(root)
+  return os.path.commonpath([os.path.abspath(path), root]) == root
+
+
+def make_sampler(kind: str, seed: int):
+  """The sampler of a claim. TPE gets a fresh one seeded per trial slot (see
+  `slot_seed`), so that sweep processes sharing a study do not propose the same
+  startup trials; constant liar keeps parallel proposals apart afterwards."""
+  optuna = load_optuna()
+  if kind == "tpe":
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+  # Grid and random trials are planned (enqueued with their values) up front.
+  return optuna.samplers.RandomSampler(seed=seed)
+
+
+def make_pruner(kind: str, *, eval_every: int, train_steps: int):
+  """The pruner; its rungs are the trials' evaluation steps (--eval_every)."""
+  pruners = load_optuna().pruners
+  if kind == "median":
+    return pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0,
+                                interval_steps=1)
+  if kind == "asha":
+    return pruners.SuccessiveHalvingPruner(min_resource=eval_every,
+                                           reduction_factor=REDUCTION_FACTOR)
+  if kind == "hyperband":
+    return pruners.HyperbandPruner(min_resource=eval_every, max_resource=train_steps,
+                                   reduction_factor=REDUCTION_FACTOR)
+  return pruners.NopPruner()
+
+
+def distribution(param: Param):
+  """The Optuna distribution of a swept flag."""
+  distributions = load_optuna().distributions
+  if param.distribution in ("grid", "choice"):
+    return distributions.CategoricalDistribution(list(param.values))
+  if param.distribution == "int":
+    return distributions.IntDistribution(int(param.low), int(param.high))
+  return distributions.FloatDistribution(param.low, param.high,
+                                         log=param.distribution == "loguniform")
+
+
+def slot_seed(seed: int, slot: int) -> int:
+  """The TPE sampler's seed for the proposal of trial `slot` of a sweep."""
+  return (seed * 100_003 + slot) % 2**32  # numpy's seeds are 32-bit.
+
+
+def round_value(value):
+  """Sampled floats are rounded (as random search does) so names stay readable."""
+  return float(f"{value:.4g}") if isinstance(value, float) else value
+
+
+def tpe_proposals(params, *, trials: int, seed: int) -> list:
+  """TPE's first proposals with no results yet, as [(name, values)]: what a
+  fresh sweep starts with (its startup trials are seeded random samples)."""
+  probe = load_optuna().create_study()
+  distributions = {p.name: distribution(p) for p in params}
+  width = len(str(trials - 1))
+  proposals = []
+  for slot in range(min(trials, 10)):  # TPE's startup trials: the data-free part.
+    probe.sampler = make_sampler("tpe", slot_seed(seed, slot))
+    values = {name: round_value(value)
+              for name, value in probe.ask(distributions).params.items()}
+    proposals.append((trial_name(values, prefix=f"{slot:0{width}d}-"), values))
+  return proposals

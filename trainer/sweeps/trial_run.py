@@ -1,0 +1,86 @@
+"""A sweep trial's run: its command, process, status and metrics, and what its
+log and results.json say about it (trainer/sweeps/runner.py runs them)."""
+
+import dataclasses
+import os
+import subprocess
+from typing import Optional
+
+from trainer.sweeps.spec import Trial
+
+
+@dataclasses.dataclass
+class TrialRun:
+  """A trial and what is known of its runs so far."""
+  trial: Trial
+  command: list
+  model_dir: str
+  log_path: str
+  status: str = "pending"  # pending, running, completed, pruned, diverged, failed,
+  # interrupted
+  attempts: int = 0
+  returncode: Optional[int] = None
+  error: str = ""
+  elapsed: float = 0.0
+  metrics: dict = dataclasses.field(default_factory=dict)
+  process: Optional[subprocess.Popen] = None
+  started: float = 0.0
+  log_offset: int = 0
+  optuna_trial: object = None  # The study's trial this run is (while running).
+  elapsed_before: float = 0.0  # Seconds of earlier invocations.
+  pruning: bool = False  # The pruner stopped it.
+  lost: bool = False  # Another sweep process took its trial over.
+  locked_since: float = 0.0  # When it first found its model_dir locked (exit 5).
+  start_after: float = 0.0  # Not started again before this (time.monotonic()).
+
+  @property
+  def name(self) -> str:
+    return self.trial.name
+
+  def record(self) -> dict:
+    return {"name": self.name, "values": self.trial.values, "status": self.status,
+            "attempts": self.attempts, "returncode": self.returncode,
+            "error": self.error, "elapsed_s": round(self.elapsed, 1),
+            "metrics": self.metrics, "command": self.command}
+
+
+def results_metrics(results: dict) -> dict:
+  """The metrics a sweep compares, from a trial's results.json."""
+  metrics = {"step": results.get("global_step")}
+  for split in ("train", "eval"):
+    values = results.get(split)
+    if not isinstance(values, dict):
+      continue
+    for name, value in values.items():
+      if name not in ("step", "examples") and isinstance(value, (int, float)):
+        metrics[f"{split}/{name}"] = value
+  if "examples_per_second" in results:
+    metrics["examples_per_second"] = results["examples_per_second"]
+  return metrics
+
+
+def trial_env() -> dict:
+  """The environment a trial runs in (the sweep's, unbuffered, no cluster)."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env.pop("TF_CONFIG", None)  # A trial is one process, never a cluster worker.
+  return env
+
+
+def logged_command(log_path: str) -> list:
+  """The command of a trial's latest attempt, from its log (another process's)."""
+  try:
+    with open(log_path, errors="replace") as f:
+      attempts = [line for line in f if line.startswith("# attempt ")]
+  except OSError:
+    return []
+  return attempts[-1].split(": ", 1)[1].split() if attempts else []
+
+
+def last_error_line(log_path: str) -> str:
+  """The trainer's one-line error (or the last line) of a trial's latest attempt."""
+  with open(log_path, errors="replace") as f:
+    lines = f.read().split("# attempt ")[-1].splitlines()[1:]
+  errors = [line for line in lines if line.startswith("error:")]
+  if errors:
+    return errors[-1]
+  return next((line for line in reversed(lines) if line.strip()), "")
