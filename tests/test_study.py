@@ -268,3 +268,17 @@ def test_large_seeds_seed_tpe_too():
   first = search.tpe_proposals(params, trials=2, seed=20240601)
   assert first == search.tpe_proposals(params, trials=2, seed=20240601)
   assert len({values["learning_rate"] for _, values in first}) == 2
+
+
+def test_a_study_planned_by_an_earlier_version_still_resumes(tmp_path):
+  """Plans once recorded fewer options; those it has must match, no more."""
+  queue = _queue(tmp_path, planned=None, sampler="tpe")
+  queue.prepare(done=lambda name: False)
+  plan = queue.study.user_attrs["plan"]
+  queue.study.set_user_attr("plan", {key: plan[key] for key in
+                                     ("sampler", "seed", "trials", "params")})
+  assert _queue(tmp_path, planned=None, sampler="tpe").prepare(
+      done=lambda name: False) == 0
+  with pytest.raises(ConfigError, match="seed was 0, now 1"):
+    _queue(tmp_path, planned=None, sampler="tpe", seed=1).prepare(
+        done=lambda name: False)

@@ -78,3 +78,31 @@ def test_progress_renews_the_deadline_and_a_stalled_phase_still_exits_7(tmp_path
   assert "hang on worker-0: checkpoint at step 9 made no progress" in result.stderr
   assert (tmp_path / "hang-worker-0.txt").read_text().startswith(
       "hang on worker-0: checkpoint at step 9")
+
+
+_FULL_STDERR_SCRIPT = """
+import sys, threading, time
+from trainer.training import watchdog
+watchdog._STDERR_SECONDS = 1.0
+# Fill stderr's pipe (nobody reads it), so the report's own write blocks.
+threading.Thread(target=lambda: sys.stderr.write("x" * 10**6), daemon=True).start()
+dog = watchdog.HangWatchdog(limit=0.5, directory=sys.argv[1], worker="worker-0",
+                            on_hang=lambda step: print("on_hang", step, flush=True))
+with dog:
+  dog.completed(5)
+  with dog.guard("checkpoint", step=5):
+    time.sleep(60)
+"""
+
+
+def test_a_hang_report_exits_7_even_when_stderr_is_a_full_pipe(tmp_path):
+  process = subprocess.Popen([sys.executable, "-c", _FULL_STDERR_SCRIPT, str(tmp_path)],
+                             cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  try:
+    assert process.wait(timeout=60) == 7
+  finally:
+    process.kill()
+  assert process.stdout.read() == "on_hang 5\n"
+  assert (tmp_path / "hang-worker-0.txt").read_text().startswith(
+      "hang on worker-0: checkpoint at step 5 made no progress")

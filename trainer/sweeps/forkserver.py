@@ -135,8 +135,8 @@ class ForkServer:
   def exit_code(self, pid: int) -> Optional[int]:
     """A forked trial's returncode, or None while it runs."""
     code = self._exits.get(pid)
-    if code is not None or self._process.poll() is None:
-      return code
+    if code is not None or self._reader.is_alive():
+      return code  # While the reader runs, every exit the server saw is coming.
     # The server was killed (it reports every exit otherwise): its trials got a
     # SIGTERM; one that still runs is saving. Its exit code is lost with it.
     try:
@@ -160,7 +160,13 @@ class ForkServer:
       raise OSError(f"the fork server is gone ({e})") from None
     reply = self._reply(_REPLY_SECONDS)
     if not reply.startswith("started "):
-      raise OSError(f"the fork server did not start the trial ({reply})")
+      # It may yet fork the trial, which nobody would track (and a cold start of
+      # the same trial would find its model_dir locked): end the server, whose
+      # trials then save and stop.
+      self._process.send_signal(signal.SIGTERM)
+      self.stop_starting()
+      raise OSError(f"the fork server did not start the trial ({reply}); it is "
+                    "stopped, its trials save and exit")
     return WarmProcess(int(reply.split()[1]), self)
 
   def stop_starting(self):
@@ -248,6 +254,8 @@ def _child(request: dict, die_with_parent, server_pid: int):
     code = 0
   except SystemExit as e:
     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    if isinstance(e.code, str):  # As Python prints it on the way out.
+      print(e.code, file=sys.stderr)
   except BaseException:  # pylint: disable=broad-except
     traceback.print_exc()
   finally:
@@ -297,6 +305,9 @@ def serve():
           request["argv"], request["log"]  # pylint: disable=pointless-statement
         except (ValueError, KeyError, TypeError) as e:
           os.write(out, f"error: a bad request ({e})\n".encode())
+          continue
+        if terminated:  # Its SIGTERM was passed on already: start nothing new.
+          os.write(out, b"error: the fork server is stopping\n")
           continue
         # Held until the child has the trainer's handlers (the server's would
         # signal the child's siblings).

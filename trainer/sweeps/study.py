@@ -160,7 +160,7 @@ class StudyQueue:
       attrs = self.study.user_attrs
       if "plan" not in attrs:
         self._enqueue_plan()
-      elif attrs["plan"] != json.loads(json.dumps(self._plan)):
+      elif _differences(attrs["plan"], json.loads(json.dumps(self._plan))):
         differ = _differences(attrs["plan"], json.loads(json.dumps(self._plan)))
         raise ConfigError(
             f"--study={self.study.study_name}: it was planned with other sweep "
@@ -299,7 +299,8 @@ class StudyQueue:
 
 
 def _differences(planned: dict, ours: dict) -> str:
-  """The sweep options in which `ours` differs from the study's plan."""
-  return "; ".join(f"{key} was {planned.get(key)!r}, now {ours.get(key)!r}"
-                   for key in sorted(set(planned) | set(ours))
-                   if planned.get(key) != ours.get(key))
+  """The sweep options in which `ours` differs from the study's plan ("" when
+  none). Options a plan of an earlier version did not record are not compared,
+  so its sweep can still be resumed."""
+  return "; ".join(f"{key} was {planned[key]!r}, now {ours.get(key)!r}"
+                   for key in sorted(planned) if planned[key] != ours.get(key))

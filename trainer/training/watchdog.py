@@ -38,6 +38,7 @@ from trainer.errors import ExitCode
 
 DEFAULT_CALL_MULTIPLE = 20  # --hang_timeout unset: 20 median loop calls or more.
 _CALLS_KEPT = 200  # The median of the recent loop calls sets the default limit.
+_STDERR_SECONDS = 10.0  # The hang report's stderr write may take this long.
 LOOP_CALL = "loop call"
 # What TensorFlow raises in a collective whose peer is gone or too slow.
 PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
@@ -218,6 +219,10 @@ class HangWatchdog:
       try:
         self._on_hang(self._last_step)
       finally:
+        # A full pipe nobody reads would block the write: exit 7 regardless.
+        timer = threading.Timer(_STDERR_SECONDS, os._exit, [int(ExitCode.HUNG)])  # pylint: disable=protected-access
+        timer.daemon = True
+        timer.start()
         self._out.write(f"error: {headline} (stacks: {where})\n{stacks}")
         self._out.flush()
     finally:
