@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -32,11 +33,51 @@ def cli_env(**extra):
   return env
 
 
+_fork_server = []  # The session's ForkServer, once run_cli has started it.
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_fork_server():
+  yield
+  for server in _fork_server:
+    if server is not None:
+      server.close()
+
+
 def run_cli(*args, timeout=240, cwd=None, env=None):
-  """Runs `python -m trainer.main ARGS` and returns the CompletedProcess."""
-  return subprocess.run([sys.executable, "-m", "trainer.main", *args], cwd=cwd or REPO,
-                        env=env or cli_env(), capture_output=True, text=True,
-                        timeout=timeout, check=False)
+  """Runs `python -m trainer.main ARGS` and returns the CompletedProcess.
+
+  With the default cwd and environment the run is forked warm from a fork server
+  (the sweep's, trainer/sweeps/forkserver.py: TensorFlow imported once), which
+  runs it as a cold process would (tests/test_sweep.py and test_forkserver.py
+  check that); it saves the suite minutes of imports. Tests of the cold start
+  itself (signals during imports, start-up noise) run their own processes.
+  """
+  command = [sys.executable, "-m", "trainer.main", *args]
+  default = cli_env()
+  # Warm when the environment is the default one, but for a PYTHONPATH.
+  warm = cwd is None and (env is None or {
+      key: value for key, value in env.items() if key != "PYTHONPATH"} == {
+          key: value for key, value in default.items() if key != "PYTHONPATH"})
+  if warm and not _fork_server:
+    from trainer.sweeps.forkserver import ForkServer  # pylint: disable=g-import-not-at-top
+    _fork_server.append(ForkServer.start(env=default, cwd=REPO))
+  if not warm or _fork_server[0] is None:
+    return subprocess.run(command, cwd=cwd or REPO, env=env or default,
+                          capture_output=True, text=True, timeout=timeout,
+                          check=False)
+  with tempfile.TemporaryDirectory() as scratch:
+    out, err = os.path.join(scratch, "out"), os.path.join(scratch, "err")
+    process = _fork_server[0].spawn(
+        list(args), log_path=out, err_path=err,
+        python_path=(env or {}).get("PYTHONPATH", default.get("PYTHONPATH")))
+    try:
+      code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      raise
+    with open(out) as f_out, open(err) as f_err:
+      return subprocess.CompletedProcess(command, code, f_out.read(), f_err.read())
 
 
 def checkpoint_values(checkpoint_dir):

@@ -14,7 +14,9 @@ counts as a cold process would), flags (absl parses the child's argv) and signal
 handlers (the child installs the trainer's).
 
 Protocol, one line each way: the sweep writes a JSON request {"argv": [...],
-"log": PATH}; the server answers "started PID" once the child is forked, and
+"log": PATH} (and "err": PATH for stderr apart and "python_path", as the tests'
+run_cli wants); the
+server answers "started PID" once the child is forked, and
 "exited PID CODE" (Popen's returncode: negative for a signal) when it ends. The
 server ignores SIGINT (a terminal's Ctrl-C reaches the trials and the sweep, which
 stop them cleanly); on SIGTERM (e.g. to the whole process group) it passes it on
@@ -76,6 +78,22 @@ class WarmProcess:
       except ProcessLookupError:
         pass
 
+  def kill(self):
+    self.send_signal(signal.SIGKILL)
+
+  def wait(self, timeout: Optional[float] = None) -> int:
+    """Waits for the trial's end; its returncode.
+
+    Raises:
+      subprocess.TimeoutExpired: it still runs after `timeout` seconds.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while self.poll() is None:
+      if deadline is not None and time.monotonic() > deadline:
+        raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout)
+      time.sleep(0.02)
+    return self.returncode
+
 
 class ForkServer:
   """The sweep's side of the fork server (see the module docstring)."""
@@ -91,20 +109,22 @@ class ForkServer:
     self._reader.start()
 
   @classmethod
-  def start(cls, *, env: dict, preexec_fn=None) -> Optional["ForkServer"]:
+  def start(cls, *, env: dict, preexec_fn=None,
+            cwd: Optional[str] = None) -> Optional["ForkServer"]:
     """Starts a server and waits for its imports; None (and a reason printed on
     stderr) if it cannot start, e.g. no fork on this platform.
 
     Args:
       env: the trials' environment.
       preexec_fn: run in the server's process before exec (PR_SET_PDEATHSIG).
+      cwd: the trials' working directory (default: this process's).
     """
     if not hasattr(os, "fork"):
       return None
     process = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", "trainer.sweeps.forkserver"], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
-        preexec_fn=preexec_fn)
+        preexec_fn=preexec_fn, cwd=cwd)
     server = cls(process)
     reply = server._reply(_START_SECONDS)
     if reply == _READY:
@@ -147,14 +167,22 @@ class ForkServer:
     except PermissionError:
       return None
 
-  def spawn(self, argv: list, *, log_path: str) -> WarmProcess:
-    """Forks a trial: `python -m trainer.main *argv`, output appended to log_path.
+  def spawn(self, argv: list, *, log_path: str, err_path: Optional[str] = None,
+            python_path: Optional[str] = None) -> WarmProcess:
+    """Forks a trial: `python -m trainer.main *argv`, its output appended to
+    log_path (stderr to err_path, if given), with PYTHONPATH=python_path if given
+    (for a task module in another directory).
 
     Raises:
       OSError: the server is gone or did not answer.
     """
+    request = {"argv": argv, "log": log_path}
+    if err_path:
+      request["err"] = err_path
+    if python_path:
+      request["python_path"] = python_path
     try:
-      self._process.stdin.write(json.dumps({"argv": argv, "log": log_path}) + "\n")
+      self._process.stdin.write(json.dumps(request) + "\n")
       self._process.stdin.flush()
     except (BrokenPipeError, ValueError) as e:
       raise OSError(f"the fork server is gone ({e})") from None
@@ -240,11 +268,14 @@ def _child(request: dict, die_with_parent, server_pid: int):
       os._exit(int(ExitCode.INTERRUPTED))  # pylint: disable=protected-access
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    for fd, key in ((1, "log"), (2, "err" if "err" in request else "log")):
+      log = os.open(request[key], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+      os.dup2(log, fd)
+      os.close(log)
     os.close(null)
+    if request.get("python_path"):  # As Python reads PYTHONPATH at start.
+      os.environ["PYTHONPATH"] = request["python_path"]
+      sys.path[1:1] = request["python_path"].split(os.pathsep)
     from trainer import main, tf_loader  # pylint: disable=g-import-not-at-top
     # The device probe the server left out, with its native lines held back: else
     # a flag validator of TensorFlow's makes it, and CUDA's lines reach the log.
