@@ -209,11 +209,7 @@ class ForkServer:
   def close(self):
     """Ends the server once its trials have ended (after 10 s, at once: then
     those still running get SIGTERM, save and exit)."""
-    try:
-      if self._process.stdin:
-        self._process.stdin.close()
-    except OSError:
-      pass
+    self.stop_starting()
     try:
       self._process.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -158,10 +158,11 @@ class StudyQueue:
     state = load_optuna().trial.TrialState
     with self._locked():
       attrs = self.study.user_attrs
+      differ = "plan" in attrs and _differences(attrs["plan"],
+                                                json.loads(json.dumps(self._plan)))
       if "plan" not in attrs:
         self._enqueue_plan()
-      elif _differences(attrs["plan"], json.loads(json.dumps(self._plan))):
-        differ = _differences(attrs["plan"], json.loads(json.dumps(self._plan)))
+      elif differ:
         raise ConfigError(
             f"--study={self.study.study_name}: it was planned with other sweep "
             f"options ({differ}); use the same, or another --study or --root")
