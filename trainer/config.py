@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Tuple
 from trainer.errors import ConfigError
 
 MODES = ("train", "eval", "train_and_eval")
-DATASETS = ("digits", "mnist", "npz", "synthetic")
+DATASETS = ("digits", "mnist", "npz", "synthetic", "tfrecord")
 MODELS = ("cnn", "mlp", "resnet")
 STRATEGIES = ("mirrored", "one_device", "multi_worker")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
@@ -73,11 +73,21 @@ class Config:
       (), "The task's hyperparameters as (name, value) pairs.", flag=False)
   # Data (of the classification task).
   dataset: str = _field("digits", "Classification: digits (8x8, ships with scikit-learn, offline), "
-                        "mnist, npz (any .npz with x_train, y_train, x_test, y_test) "
-                        "or synthetic.", choices=DATASETS, layout=True)
+                        "mnist, npz (any .npz with x_train, y_train, x_test, y_test), "
+                        "synthetic, or tfrecord (--train_files, --eval_files).",
+                        choices=DATASETS, layout=True)
   data_path: Optional[str] = _field(
       None, "A local .npz file: required for npz; for mnist, a local mnist.npz "
       "instead of the download.")
+  train_files: Optional[str] = _field(
+      None, "--dataset=tfrecord: glob of the training shards (tf.train.Example "
+      "records, see the README's record layout), e.g. 'data/digits/train-*'.")
+  eval_files: Optional[str] = _field(
+      None, "--dataset=tfrecord: glob of the evaluation shards (optional).")
+  num_classes: int = _field(
+      0, "--dataset=tfrecord: number of classes (0 = from the shards' dataset.json "
+      "index, written by scripts/make_tfrecords.py).", lower=0, upper=100_000,
+      layout=True)
   synthetic_examples: int = _field(2048, "Training examples of --dataset=synthetic.",
                                    lower=1, upper=10_000_000)
   synthetic_shape: Sequence[int] = _field(
@@ -85,8 +95,9 @@ class Config:
   shuffle: bool = _field(True, "Shuffle the training set each epoch (arrays: a "
                          "stateless permutation of (seed, epoch); a tf.data task: a "
                          "seeded buffer).")
-  shuffle_buffer: int = _field(10000, "Shuffle buffer of a task whose data is a "
-                               "tf.data.Dataset.", lower=1)
+  shuffle_buffer: int = _field(10000, "Shuffle buffer of streamed data (a task's "
+                               "tf.data.Dataset or pipeline function, TFRecord files).",
+                               lower=1)
   # Model.
   model: str = _field("cnn", "Classification: cnn (Conv2D(32,3)-MaxPool-Flatten-Dense(64)-Dense), mlp "
                       "or resnet (a small ResNet).", choices=MODELS, layout=True)
@@ -231,6 +242,12 @@ class Config:
       raise ConfigError(f"--global_batch_size={self.global_batch_size} and "
                         f"--per_replica_batch_size={self.per_replica_batch_size}: "
                         "set one of them")
+    if self.dataset == "tfrecord" and not self.train_files:
+      raise ConfigError("--dataset=tfrecord needs --train_files=GLOB, e.g. "
+                        "--train_files='data/digits/train-*'")
+    if self.dataset != "tfrecord" and (self.train_files or self.eval_files):
+      raise ConfigError(f"--train_files/--eval_files: only read with "
+                        f"--dataset=tfrecord, not --dataset={self.dataset}")
     if self.dataset == "npz" and not self.data_path:
       raise ConfigError("--dataset=npz needs --data_path=FILE.npz")
     if self.data_path and not os.path.isfile(self.data_path):

@@ -63,17 +63,27 @@ class StreamData:
 
 
 def as_task_data(value, *, what: str, finite: bool = False):
-  """Checks a task's data and wraps it as ArrayData or StreamData.
+  """Checks a task's data: ArrayData, StreamData, TFRecords or PipelineData.
 
   Args:
-    value: `(features, labels)` arrays (or nests of arrays), or a tf.data.Dataset
-      of `(features, labels)` elements.
+    value: `(features, labels)` arrays (or nests of arrays), a tf.data.Dataset
+      of `(features, labels)` elements, `TFRecords` files, or a function
+      `input_context -> tf.data.Dataset` building one input pipeline's part.
     what: where it came from, for errors (e.g. "Task.train_data()").
     finite: it must be finite (an eval split); a stream is counted now, once.
 
   Raises:
     DataError: naming `what` and what is wrong.
   """
+  # pylint: disable-next=g-import-not-at-top
+  from trainer.data import inputs, records  # They build on this module.
+  if isinstance(value, records.TFRecords):
+    return records.resolve(value, what=what)
+  if callable(value) and not isinstance(value, tf.data.Dataset):
+    value = inputs.PipelineData(value)
+  if isinstance(value, inputs.PipelineData):
+    inputs.check_pipeline_data(value, what=what, finite=finite)
+    return value
   if isinstance(value, tf.data.Dataset):
     spec = value.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):
@@ -116,8 +126,9 @@ def as_task_data(value, *, what: str, finite: bool = False):
 
 def feature_spec(data) -> object:
   """Specs of one batch of stored features (leading dimension None)."""
-  if isinstance(data, StreamData):
-    spec = data.dataset.element_spec[0]
+  if not isinstance(data, ArrayData):
+    spec = (data.dataset.element_spec if isinstance(data, StreamData)
+            else data.element_spec)[0]
     return tf.nest.map_structure(
         lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)
   return tf.nest.map_structure(

@@ -1,8 +1,9 @@
 """The built-in default task: classification of --dataset with --model.
 
 Sparse categorical cross-entropy over the model's logits, and accuracy. The data
-sets (digits, mnist, npz, synthetic) are in `image_data`, the models (cnn, mlp,
-resnet) in `image_models`; both read their flags from the run's Config.
+sets (digits, mnist, npz, synthetic) are in `image_data`, TFRecord files
+(tfrecord) in `image_records`, the models (cnn, mlp, resnet) in `image_models`;
+all read their flags from the run's Config.
 """
 
 import dataclasses
@@ -20,8 +21,9 @@ class Classification(Task):
   best_metric = "eval/accuracy"
 
   @functools.cached_property
-  def source(self) -> image_data.Source:
-    """The data set in memory (loaded once)."""
+  def source(self):
+    """The data set (loaded or found once): an image_data.Source in memory, or an
+    image_records.RecordSource of TFRecord files."""
     return image_data.load_source(self.config)
 
   def build_model(self):
@@ -30,10 +32,10 @@ class Classification(Task):
                                     num_classes=self.source.num_classes)
 
   def train_data(self):
-    return self.source.x_train, self.source.y_train
+    return self.source.train_data()
 
   def eval_data(self):
-    return self.source.x_test, self.source.y_test
+    return self.source.eval_data()
 
   def preprocess(self, features):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

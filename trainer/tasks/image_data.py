@@ -1,4 +1,5 @@
-"""The data set registry: in-memory arrays for each --dataset, checked on load."""
+"""The data set registry: in-memory arrays for each --dataset, checked on load
+(--dataset=tfrecord: files, see image_records.py)."""
 
 import dataclasses
 import os
@@ -34,6 +35,12 @@ class Source:
   @property
   def input_shape(self):
     return tuple(self.x_train.shape[1:])
+
+  def train_data(self):
+    return self.x_train, self.y_train
+
+  def eval_data(self):
+    return self.x_test, self.y_test
 
 
 def _digits(config: Config) -> Source:
@@ -129,22 +136,28 @@ def _checked(name, x_train, y_train, x_test, y_test) -> Source:
                 num_classes, scale)
 
 
+def _tfrecord(config: Config):
+  from trainer.tasks import image_records  # pylint: disable=g-import-not-at-top
+  return image_records.load_records(config)
+
+
 _REGISTRY: Dict[str, Callable[[Config], Source]] = {
     "digits": _digits,
     "mnist": _mnist,
     "npz": _npz,
     "synthetic": _synthetic,
+    "tfrecord": _tfrecord,
 }
 
 
-def load_source(config: Config) -> Source:
-  """Loads the data set named by --dataset.
+def load_source(config: Config):
+  """Loads the data set named by --dataset (tfrecord: finds its files).
 
   Args:
     config: the run's config (dataset, data_path, seed, synthetic_*).
 
   Returns:
-    The data set in memory.
+    The data set in memory (a Source), or in TFRecord files (a RecordSource).
 
   Raises:
     DataError: the data set is missing, malformed or has inconsistent arrays.

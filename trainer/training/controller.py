@@ -77,12 +77,23 @@ def train_iterator(state: RunState):
   """The distributed iterator of training batches from the current global step."""
   config = state.config
   # Each update reads --grad_accum_steps global batches of the stream.
-  dataset = data.train_dataset(
-      state.train_data, global_batch_size=state.global_batch_size, seed=config.seed,
-      shuffle=config.shuffle, shuffle_buffer=config.shuffle_buffer,
+  return iter(data.train_input(
+      state.strategy, state.train_data, global_batch_size=state.global_batch_size,
+      seed=config.seed, shuffle=config.shuffle, shuffle_buffer=config.shuffle_buffer,
       start_step=state.step * config.grad_accum_steps,
-      preprocess=state.task.preprocess)
-  return iter(data.distribute(state.strategy, dataset))
+      preprocess=state.task.preprocess))
+
+
+def _input_error(state: RunState, step: int):
+  """A DataError naming the bad record that failed the loop call, or None."""
+  config = state.config
+  # This worker's stream position at the step: its share of the global batches.
+  num_pipelines, _ = data.input_pipelines(state.strategy)
+  position = (step * config.grad_accum_steps * state.global_batch_size
+              // num_pipelines)
+  return data.input_error(state.strategy, state.train_data, split="train", step=step,
+                          seed=config.seed, shuffle=config.shuffle,
+                          position=position)
 
 
 class Controller:
@@ -129,7 +140,13 @@ class Controller:
     while step < config.train_steps:
       num_steps = min(steps_per_loop, next_stop(step, config) - step)
       with self._watchdog.guard(LOOP_CALL, step=step):
-        call = self._dispatch(iterator, num_steps)
+        try:
+          call = self._dispatch(iterator, num_steps)
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError):
+          error = _input_error(state, step)
+          if error is None:
+            raise
+          raise error from None
       step = call.step
       self._watchdog.completed(step)
       outcome = self._run_actions(call)

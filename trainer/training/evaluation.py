@@ -27,12 +27,19 @@ def evaluate_once(state: RunState) -> dict:
   Raises:
     ReplicaBatchError: a replica did not get exactly one full batch per eval step.
   """
-  dataset, num_batches = data.eval_dataset(
-      state.eval_data, global_batch_size=state.global_batch_size,
+  dataset, num_batches = data.eval_input(
+      state.strategy, state.eval_data, global_batch_size=state.global_batch_size,
       preprocess=state.task.preprocess)
-  iterator = iter(data.distribute(state.strategy, dataset))
+  iterator = iter(dataset)
   with state.evaluated_weights():  # The moving averages, with --ema_decay.
-    call_checked(state.eval_loop, iterator, tf.constant(num_batches))
+    try:
+      call_checked(state.eval_loop, iterator, tf.constant(num_batches))
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError):
+      error = data.input_error(state.strategy, state.eval_data, split="eval",
+                               step=state.step)
+      if error is None:
+        raise
+      raise error from None
   state.eval_ledger.check(expected_batches=num_batches,
                           per_replica_batch_size=state.per_replica_batch_size)
   totals = state.eval_totals.read()

@@ -185,6 +185,7 @@ def _train_watched(state: RunState, results: Results, watchdog: HangWatchdog, *,
                                  on_replayed_step=watchdog.progressed)
   nan_policy.apply_learning_rate()
   progress.say(_start_line(state, restored, nan_policy))
+  _say_input(state, restored)
   if config.init_checkpoint and restored is not None:
     progress.say(f"note: --init_checkpoint={config.init_checkpoint} is not used: the "
                  "run resumes from its own checkpoint")
@@ -250,6 +251,22 @@ def _train_watched(state: RunState, results: Results, watchdog: HangWatchdog, *,
     profiler.close()
     summaries.close()
     state.checkpoints.close()
+
+
+def _say_input(state: RunState, restored):
+  """Every worker says what it reads (files, sharding); a resume on another number
+  of input pipelines says that the examples differ from here on."""
+  line = data.describe(state.strategy, state.train_data)
+  if line is None:
+    return
+  if state.is_chief or state.num_workers > 1:
+    print(line, flush=True)
+  was = state.record.data.get("input_pipelines")
+  now = data.input_pipelines(state.strategy)[0]
+  if restored is not None and was is not None and was != now and state.is_chief:
+    print(f"note: the run read its data through {was} input pipeline(s), now {now}: "
+          "each worker reads other files, so the examples from here on are not "
+          "those an uninterrupted run would have read", flush=True)
 
 
 def _worker_name(strategy) -> str:

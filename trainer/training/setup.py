@@ -19,7 +19,7 @@ class Setup:
   strategy: tf.distribute.Strategy
   is_chief: bool
   task: Task
-  train_data: object  # data.ArrayData or data.StreamData
+  train_data: object  # data.ArrayData, StreamData, TFRecords or PipelineData
   eval_data: object  # the same, or None
   per_replica_batch_size: int  # From the batch flags and the replica count.
 
@@ -57,6 +57,15 @@ def setup(config: Config, task: Task) -> Setup:
   result = Setup(strategy=strategy, is_chief=devices.is_chief(strategy), task=task,
                  train_data=train_data, eval_data=eval_data,
                  per_replica_batch_size=per_replica)
+  num_pipelines, pipeline_id = data.input_pipelines(strategy)
+  for what, split in (("train", train_data), ("eval", eval_data)):
+    if isinstance(split, data.TFRecords):
+      if split.note and (result.is_chief or num_pipelines > 1):
+        print(split.note, flush=True)
+      if what == "train" and not split.shard(num_pipelines,
+                                              pipeline_id).num_examples:
+        raise DataError(f"{split.flag}: input pipeline {pipeline_id} of "
+                        f"{num_pipelines} gets no records; write more shards")
   if isinstance(train_data, data.ArrayData):
     n, global_batch = train_data.num_examples, result.global_batch_size
     if n < global_batch:

@@ -54,7 +54,7 @@ class RunState:
   config: Config
   task: Task
   strategy: tf.distribute.Strategy
-  train_data: object  # data.ArrayData or data.StreamData
+  train_data: object  # data.ArrayData, StreamData, TFRecords or PipelineData
   eval_data: object  # the same, or None when the task has no eval split
   is_chief: bool
   model: keras.Model
@@ -125,7 +125,8 @@ class RunState:
         ledger_examples=self.train_ledger.total_examples.tolist(),
         base_learning_rate=self.base_learning_rate, data=self.data_identity,
         global_batch_size=self.global_batch_size, num_replicas=self.num_replicas,
-        num_workers=self.num_workers)
+        num_workers=self.num_workers,
+        input_pipelines=data.input_pipelines(self.strategy)[0])
     self.record.store()
     return self.checkpoints.save()
 
@@ -257,6 +258,8 @@ def data_identity(config: Config, train_data) -> dict:
   identity = {"features": str(data.feature_spec(train_data))}
   if isinstance(train_data, data.ArrayData):
     identity["examples"] = train_data.num_examples
+  elif hasattr(train_data, "identity"):  # TFRecords: the files.
+    identity.update(train_data.identity())
   if config.data_path:
     digest = hashlib.sha256()
     with open(config.data_path, "rb") as f:

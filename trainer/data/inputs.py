@@ -1,0 +1,246 @@
+"""A task's data as distributed input: the one place that picks how batches reach
+the replicas.
+
+- Arrays and a single tf.data.Dataset (pipeline.py) are global batches split by
+  `strategy.experimental_distribute_dataset`.
+- TFRecord files (records.py) and a task's pipeline function (`PipelineData`)
+  build one dataset per input pipeline (one per worker), given its
+  `tf.distribute.InputContext`, through `strategy.distribute_datasets_from_function`:
+  each worker reads only its own part, and each of its replicas takes one
+  per-replica batch per step.
+
+Evaluation of per-pipeline data pads every pipeline with weight-0 examples to the
+same number of batches, so each example counts exactly once and every worker runs
+the same number of eval steps.
+"""
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.data import pipeline
+from trainer.data.records import TFRecords, find_bad_record
+from trainer.errors import DataError
+
+
+@dataclasses.dataclass
+class PipelineData:
+  """A task's function that builds one input pipeline's data.
+
+  Attributes:
+    build: `input_context -> tf.data.Dataset` of unbatched (features, labels)
+      elements: the part of the data that input pipeline
+      `input_context.input_pipeline_id` of `input_context.num_input_pipelines`
+      reads (e.g. its own files). The framework shuffles (a buffer seeded by
+      --seed and the pipeline), repeats, batches and, on resume, skips the
+      batches already trained on (which reads them again).
+  """
+  build: Callable
+  _counts: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def element_spec(self):
+    return self.build(tf.distribute.InputContext()).element_spec
+
+  def first(self, count: int):
+    for batch in self.build(tf.distribute.InputContext()).batch(count).take(1):
+      return batch
+    raise AssertionError("as_task_data checked that the pipeline is not empty")
+
+  def identity(self) -> dict:
+    return {}
+
+  def describe(self, num_pipelines: int, pipeline_id: int) -> str:
+    return (f"input pipeline {pipeline_id} of {num_pipelines}: the task's pipeline "
+            "function")
+
+  def pipeline_counts(self, num_pipelines: int, num_replicas: int) -> list:
+    """Examples of each pipeline (eval splits), counted once per layout."""
+    if num_pipelines not in self._counts:
+      self._counts[num_pipelines] = [
+          int(self.build(tf.distribute.InputContext(num_pipelines, p, num_replicas))
+              .reduce(np.int64(0), lambda n, _: n + 1))
+          for p in range(num_pipelines)]
+    return self._counts[num_pipelines]
+
+
+def check_pipeline_data(value: PipelineData, *, what: str, finite: bool):
+  """Checks a pipeline function on a one-pipeline context.
+
+  Raises:
+    DataError: it does not return a dataset of (features, labels) pairs with
+      elements, or (an eval split) it is infinite or has unknown shapes.
+  """
+  dataset = value.build(tf.distribute.InputContext())
+  if not isinstance(dataset, tf.data.Dataset):
+    raise DataError(f"{what}: the pipeline function must return a tf.data.Dataset, "
+                    f"got {type(dataset).__name__}")
+  spec = dataset.element_spec
+  if not (isinstance(spec, tuple) and len(spec) == 2):
+    raise DataError(f"{what}: the pipeline's dataset must yield (features, labels) "
+                    f"pairs, got elements {spec}")
+  if not any(True for _ in dataset.take(1)):
+    raise DataError(f"{what}: the pipeline's dataset yields no elements")
+  if finite:
+    if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+      raise DataError(f"{what}: the pipeline's dataset is infinite; evaluation needs "
+                      "a finite split")
+    if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+      raise DataError(f"{what}: eval elements need known shapes (padding copies "
+                      f"them), got {spec}")
+
+
+def is_per_pipeline(data) -> bool:
+  return isinstance(data, (TFRecords, PipelineData))
+
+
+def input_pipelines(strategy) -> tuple:
+  """(number of input pipelines, this worker's) under `strategy`."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver
+      is not None and resolver.cluster_spec().as_dict()):
+    # pylint: disable-next=protected-access
+    return strategy.extended._num_workers, int(resolver.task_id)
+  return 1, 0
+
+
+def describe(strategy, data):
+  """This worker's one line on what it reads, or None for in-memory data."""
+  if not is_per_pipeline(data):
+    return None
+  return "input: " + data.describe(*input_pipelines(strategy))
+
+
+def _options() -> tf.data.Options:
+  options = tf.data.Options()
+  options.deterministic = True
+  # Each pipeline reads its own part already.
+  options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.OFF)
+  return options
+
+
+def _input_options():
+  return tf.distribute.InputOptions(experimental_fetch_to_device=True)
+
+
+def _stream(data, context, *, seed, shuffle, shuffle_buffer, position):
+  """One pipeline's endless stream of parsed examples from `position` on."""
+  if isinstance(data, TFRecords):
+    shard = data.shard(context.num_input_pipelines, context.input_pipeline_id)
+    return shard.train_stream(seed=seed, shuffle=shuffle, buffer=shuffle_buffer,
+                              position=position)
+  dataset = data.build(context)
+  if shuffle:
+    dataset = dataset.shuffle(
+        shuffle_buffer, seed=seed * 1_000_003 + context.input_pipeline_id,
+        reshuffle_each_iteration=True)
+  return dataset.repeat().skip(position)
+
+
+def train_input(strategy, data, *, global_batch_size: int, seed: int, shuffle: bool,
+                shuffle_buffer: int, start_step: int, preprocess):
+  """The distributed training input from global (micro-)step `start_step` on.
+
+  Args:
+    strategy: the run's strategy.
+    data: ArrayData, StreamData, TFRecords or PipelineData.
+    global_batch_size: examples per (micro-)step over all replicas.
+    seed: the data-order seed.
+    shuffle: whether to shuffle.
+    shuffle_buffer: the buffer of streamed data's shuffle.
+    start_step: the (micro-)step of the first batch.
+    preprocess: the task's map from a batch of stored features to model inputs.
+
+  Returns:
+    A distributed dataset: each element one per-replica batch per replica.
+  """
+  if not is_per_pipeline(data):
+    return pipeline.distribute(strategy, pipeline.train_dataset(
+        data, global_batch_size=global_batch_size, seed=seed, shuffle=shuffle,
+        shuffle_buffer=shuffle_buffer, start_step=start_step,
+        preprocess=preprocess))
+
+  def build(context):
+    per_replica = context.get_per_replica_batch_size(global_batch_size)
+    local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+    stream = _stream(data, context, seed=seed, shuffle=shuffle,
+                     shuffle_buffer=shuffle_buffer,
+                     position=start_step * local_replicas * per_replica)
+    dataset = stream.batch(per_replica, drop_remainder=True).map(
+        lambda features, labels: (preprocess(features), labels),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
+
+  return strategy.distribute_datasets_from_function(build, _input_options())
+
+
+def eval_input(strategy, data, *, global_batch_size: int, preprocess) -> tuple:
+  """The distributed eval split, padded with weight-0 examples.
+
+  Returns:
+    (distributed dataset of (features, labels, weight) per-replica batches, the
+    number of eval steps).
+  """
+  if not is_per_pipeline(data):
+    dataset, num_batches = pipeline.eval_dataset(
+        data, global_batch_size=global_batch_size, preprocess=preprocess)
+    return pipeline.distribute(strategy, dataset), num_batches
+  num_pipelines, _ = input_pipelines(strategy)
+  num_replicas = strategy.num_replicas_in_sync
+  local_replicas = num_replicas // num_pipelines
+  per_replica = -(-global_batch_size // num_replicas)
+  if isinstance(data, TFRecords):
+    counts = [data.shard(num_pipelines, p).num_examples for p in range(num_pipelines)]
+  else:
+    counts = data.pipeline_counts(num_pipelines, num_replicas)
+  per_step = local_replicas * per_replica
+  num_batches = max(1, max(-(-count // per_step) for count in counts))
+  features_spec, labels_spec = data.element_spec
+  padding = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
+                                  (features_spec, labels_spec))
+
+  def build(context):
+    pipeline_id = context.input_pipeline_id
+    if isinstance(data, TFRecords):
+      real = data.shard(context.num_input_pipelines, pipeline_id).eval_records()
+    else:
+      real = data.build(context)
+    real = real.map(lambda f, y: (f, y, tf.constant(1.0)))
+    pad = tf.data.Dataset.from_tensors((*padding, tf.constant(0.0))).repeat(
+        num_batches * per_step - counts[pipeline_id])
+    dataset = real.concatenate(pad).batch(per_replica, drop_remainder=True).map(
+        lambda f, y, w: (preprocess(f), y, w), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True)
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
+
+  return strategy.distribute_datasets_from_function(build, _input_options()), \
+      num_batches
+
+
+def input_error(strategy, data, *, split: str, step: int,
+                seed: int = 0, shuffle: bool = False, position: int = 0):
+  """Explains an error of a loop call that may come from a bad record.
+
+  Looks for the first bad record where this worker was reading (training: the
+  block at `position` and the next one; evaluation: all of its files).
+
+  Returns:
+    A DataError naming the file and record (the checkpoint is kept), or None when
+    the data is not TFRecords or no bad record is found there.
+  """
+  if not isinstance(data, TFRecords):
+    return None
+  shard = data.shard(*input_pipelines(strategy))
+  if split == "train":
+    epoch, block, _ = shard.start(position, seed=seed, shuffle=shuffle)
+    paths = shard.block_files(epoch, block, seed=seed, shuffle=shuffle, blocks=2)
+  else:
+    paths = [data.paths[i] for i in shard.files]
+  found = find_bad_record(data, paths)
+  if found is None:
+    return None
+  return DataError(f"{data.flag}: bad record in {found} ({split} stopped at step "
+                   f"{step}; the checkpoints written so far are kept)")
