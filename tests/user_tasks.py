@@ -133,3 +133,19 @@ class HangsAt(Quadratic):
     return tf.data.Dataset.from_generator(
         examples, output_signature=(tf.TensorSpec([3], tf.float32),
                                     tf.TensorSpec([1], tf.float32)))
+
+
+@dataclasses.dataclass
+class PipelineQuadratic(Quadratic):
+  """Quadratic, its data given as functions that build one input pipeline's part
+  (given the tf.distribute.InputContext): each pipeline reads every n-th example."""
+
+  def train_data(self):
+    x, y = _quadratic_arrays(512, seed=0)
+    return lambda context: tf.data.Dataset.from_tensor_slices((x, y)).shard(
+        context.num_input_pipelines, context.input_pipeline_id)
+
+  def eval_data(self):
+    x, y = _quadratic_arrays(77, seed=1)
+    return lambda context: tf.data.Dataset.from_tensor_slices((x, y)).shard(
+        context.num_input_pipelines, context.input_pipeline_id)

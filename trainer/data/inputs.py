@@ -169,9 +169,10 @@ def train_input(strategy, data, *, global_batch_size: int, seed: int, shuffle: b
     stream = _stream(data, context, seed=seed, shuffle=shuffle,
                      shuffle_buffer=shuffle_buffer,
                      position=start_step * local_replicas * per_replica)
+    # A plain map: a parallel one over batches is rewritten under multi-worker
+    # with an error line on stderr, and batches are cheap to preprocess.
     dataset = stream.batch(per_replica, drop_remainder=True).map(
-        lambda features, labels: (preprocess(features), labels),
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        lambda features, labels: (preprocess(features), labels))
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
   return strategy.distribute_datasets_from_function(build, _input_options())
@@ -212,8 +213,7 @@ def eval_input(strategy, data, *, global_batch_size: int, preprocess) -> tuple:
     pad = tf.data.Dataset.from_tensors((*padding, tf.constant(0.0))).repeat(
         num_batches * per_step - counts[pipeline_id])
     dataset = real.concatenate(pad).batch(per_replica, drop_remainder=True).map(
-        lambda f, y, w: (preprocess(f), y, w), num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True)
+        lambda f, y, w: (preprocess(f), y, w))
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
   return strategy.distribute_datasets_from_function(build, _input_options()), \

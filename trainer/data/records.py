@@ -264,6 +264,9 @@ def error_line(error: Exception) -> str:
   message = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)
   message = re.sub(r"\s*\[\[\{\{node [^]]*\]\]", "", message)
   message = re.sub(r"\s*\[Op:[^]]*\]( name: .*)?", "", message)
+  message = re.sub(r"Error in user-defined function passed to \S+ transformation "
+                   r"with iterator: \S+: ", "", message)
+  message = re.sub(r"assertion failed: \[(.*)\]$", r"\1", message.strip())
   return " ".join(message.split())[:300]
 
 

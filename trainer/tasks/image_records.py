@@ -68,8 +68,8 @@ class Layout:
       example = tf.io.parse_single_example(serialized, features)
       label = example[LABEL]
       in_range = tf.logical_and(label >= 0, label < num_classes)
-      with tf.control_dependencies([tf.debugging.Assert(in_range, [
-          f"{LABEL}", label, f"is out of range [0, {num_classes})"])]):
+      with tf.control_dependencies([tf.debugging.Assert(in_range, [tf.strings.format(
+          f"{LABEL} {{}} is out of range [0, {num_classes})", label)])]):
         label = tf.identity(label)
       if image_format == "raw":
         image = tf.reshape(tf.io.decode_raw(example[ENCODED], tf.as_dtype(dtype)),

@@ -1,0 +1,166 @@
+"""TFRecord input (trainer/data/records.py, inputs.py): sharding, the (seed, step)
+order and its resume arithmetic, exact evaluation, bad records. In-process."""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import trainer
+import user_tasks
+from trainer import data
+from trainer.config import Config
+from trainer.data import records
+from trainer.errors import DataError
+
+RECORDS_PER_FILE = (7, 0, 12, 5, 9, 3)  # Uneven, one file empty.
+
+
+def _parse(serialized):
+  value = tf.io.parse_single_example(
+      serialized, {"v": tf.io.FixedLenFeature([], tf.int64)})["v"]
+  return value, value
+
+
+def _example(value):
+  return tf.train.Example(features=tf.train.Features(feature={
+      "v": tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+  })).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  """Six files of consecutive values 0..35: value = the record's identity."""
+  folder = tmp_path_factory.mktemp("records")
+  value = 0
+  for i, count in enumerate(RECORDS_PER_FILE):
+    with tf.io.TFRecordWriter(str(folder / f"part-{i}.tfrecord")) as writer:
+      for _ in range(count):
+        writer.write(_example(value))
+        value += 1
+  return str(folder)
+
+
+def _records(files, parse=_parse, **kwargs):
+  return data.as_task_data(
+      records.TFRecords(os.path.join(files, "part-*"), parse=parse, **kwargs),
+      what="test")
+
+
+def _values(dataset, count):
+  return [int(v) for v, _ in dataset.take(count)]
+
+
+def test_counts_come_from_the_index_or_are_counted(files, tmp_path):
+  counted = _records(files)
+  assert counted.counts == RECORDS_PER_FILE and "counted 36 records" in counted.note
+  data.write_index(files, counted.paths)
+  indexed = _records(files)
+  assert indexed.counts == RECORDS_PER_FILE and indexed.note is None
+  os.remove(os.path.join(files, data.INDEX_FILE))
+
+
+@pytest.mark.parametrize("num_pipelines", [1, 2, 3, 6, 8])
+def test_pipelines_partition_the_records(files, num_pipelines):
+  source = _records(files)
+  seen = []
+  for p in range(num_pipelines):
+    shard = source.shard(num_pipelines, p)
+    values = sorted(int(v) for v, _ in shard.eval_records())
+    assert len(values) == shard.num_examples
+    seen += values
+    if num_pipelines <= len(RECORDS_PER_FILE):  # File-level: its own files only.
+      assert shard.files == tuple(range(p, len(RECORDS_PER_FILE), num_pipelines))
+  assert sorted(seen) == list(range(36))  # Every record exactly once.
+
+
+@pytest.mark.parametrize("num_pipelines, shuffle", [(1, True), (2, True), (8, True),
+                                                    (2, False)])
+def test_a_stream_started_anywhere_continues_the_full_stream(files, num_pipelines,
+                                                             shuffle):
+  source = _records(files, files_per_block=2)
+  epoch_values = [[], [], []]  # Each epoch's records over all pipelines.
+  for p in range(num_pipelines):
+    shard = source.shard(num_pipelines, p)
+    size = shard.num_examples
+    total = 3 * size + 10
+    full = _values(shard.train_stream(seed=5, shuffle=shuffle, buffer=4,
+                                      position=0), total)
+    epochs = [full[i * size:(i + 1) * size] for i in range(3)]
+    assert (epochs[0] != epochs[1]) == shuffle  # Each epoch its own order.
+    for values, epoch in zip(epoch_values, epochs):
+      values += epoch
+    for position in (1, 6, size - 1, size, size + 3, 2 * size + 5) if p in (
+        0, num_pipelines - 1) else ():
+      resumed = shard.train_stream(seed=5, shuffle=shuffle, buffer=4,
+                                   position=position)
+      assert _values(resumed, total - position) == full[position:], position
+  # Each epoch, the pipelines together read every record exactly once.
+  assert all(sorted(values) == list(range(36)) for values in epoch_values)
+
+
+def test_the_seed_changes_the_order(files):
+  shard = _records(files).shard(1, 0)
+  first, second = (_values(shard.train_stream(seed=seed, shuffle=True, buffer=8,
+                                              position=0), 36) for seed in (1, 2))
+  assert first != second and sorted(first) == sorted(second)
+
+
+def test_resume_reads_at_most_one_block(files):
+  shard = _records(files, files_per_block=2).shard(1, 0)
+  epoch, block, skip = shard.start(36 * 4 + 20, seed=3, shuffle=True)
+  assert epoch == 4
+  block_files = shard.block_files(epoch, block, seed=3, shuffle=True)
+  block_records = sum(RECORDS_PER_FILE[int(p.rsplit("-", 1)[1].split(".")[0])]
+                      for p in block_files)
+  assert skip < block_records  # Only the block's records already trained on.
+
+
+def test_bad_files_are_one_line_naming_the_file(files, tmp_path):
+  with pytest.raises(DataError, match=r"^test=.*nothing-\*: no file matches$"):
+    data.as_task_data(records.TFRecords(str(tmp_path / "nothing-*"), parse=_parse),
+                      what="test")
+  corrupt = tmp_path / "corrupt.tfrecord"
+  with tf.io.TFRecordWriter(str(corrupt)) as writer:
+    for value in range(5):
+      writer.write(_example(value))
+  raw = bytearray(corrupt.read_bytes())
+  raw[len(raw) // 2] ^= 0xFF
+  corrupt.write_bytes(bytes(raw))
+  with pytest.raises(DataError, match=r"corrupt.tfrecord: record 2: corrupted record"):
+    data.as_task_data(records.TFRecords(str(corrupt), parse=_parse), what="test")
+  unknown = lambda s: (tf.io.parse_tensor(s, tf.int64), 0)  # noqa: E731
+  with pytest.raises(DataError, match="part-0.tfrecord: record 0: "):
+    _records(files, parse=unknown)
+
+
+def test_a_pipeline_function_task_evaluates_every_example_once(tmp_path):
+  config = Config(model_dir=str(tmp_path / "run"), cpu_devices=4,
+                  per_replica_batch_size=4, train_steps=20, mode="train_and_eval",
+                  learning_rate=0.01, summaries=False)
+  results = trainer.train(config, task=user_tasks.PipelineQuadratic(hidden=8))
+  assert results["eval"]["examples"] == 77  # 5 global batches of 16, 3 padded.
+  assert results["replica_batches"] == {f"replica_{i}": 20 for i in range(4)}
+
+
+def test_a_pipeline_function_task_on_two_replicas_matches_one_device(tmp_path):
+  def weights(devices):
+    config = Config(model_dir=str(tmp_path / f"d{devices}"), cpu_devices=devices,
+                    global_batch_size=16, train_steps=15, learning_rate=0.05,
+                    optimizer="sgd", summaries=False, shuffle=False)
+    trainer.train(config, task=user_tasks.PipelineQuadratic(hidden=8))
+    reader = tf.train.load_checkpoint(str(tmp_path / f"d{devices}" / "checkpoints"))
+    return {k: reader.get_tensor(k) for k, _ in tf.train.list_variables(
+        str(tmp_path / f"d{devices}" / "checkpoints")) if k.startswith("model/")}
+
+  one, two = weights(1), weights(2)
+  for key in one:
+    np.testing.assert_allclose(one[key], two[key], atol=1e-5, err_msg=key)
+
+
+def test_records_identity_changes_with_the_files(files):
+  source = _records(files)
+  other = dataclasses.replace(source, counts=(7, 0, 12, 5, 9, 4))
+  assert source.identity()["files_sha256"] != other.identity()["files_sha256"]
