@@ -164,3 +164,19 @@ def test_records_identity_changes_with_the_files(files):
   source = _records(files)
   other = dataclasses.replace(source, counts=(7, 0, 12, 5, 9, 4))
   assert source.identity()["files_sha256"] != other.identity()["files_sha256"]
+
+
+def test_replicas_get_consecutive_batches_of_the_stream_as_replay_reads_them(files):
+  source = _records(files)
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  options = dict(global_batch_size=8, seed=2, shuffle=True, shuffle_buffer=8,
+                 start_step=5)
+  distributed = data.train_input(strategy, source, preprocess=lambda f: f, **options)
+  values, _ = next(iter(distributed))
+  per_replica = [v.numpy() for v in strategy.experimental_local_results(values)]
+  assert [len(v) for v in per_replica] == [4, 4]
+  (replayed, _), = data.host_batches(source, num_replicas=2, count=1, **options)
+  np.testing.assert_array_equal(np.concatenate(per_replica), replayed.numpy())
+  stream = source.shard(1, 0).train_stream(seed=2, shuffle=True, buffer=8,
+                                           position=0)
+  assert list(replayed.numpy()) == _values(stream, 48)[40:48]  # Step 5 of 8 each.

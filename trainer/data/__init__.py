@@ -5,8 +5,9 @@ builds one input pipeline's dataset; `inputs.train_input` and `inputs.eval_input
 turn any of them into the distributed input of the train and eval loops.
 """
 
-from trainer.data.inputs import (PipelineData, describe, eval_input, input_error,
-                                 input_pipelines, is_per_pipeline, train_input)
+from trainer.data.inputs import (PipelineData, describe, eval_input, host_batches,
+                                 input_error, input_pipelines, is_per_pipeline,
+                                 train_input)
 from trainer.data.pipeline import (ArrayData, StreamData, as_task_data,
                                    count_examples, distribute, eval_dataset,
                                    example_indices, feature_spec, train_dataset)
@@ -14,6 +15,6 @@ from trainer.data.records import INDEX_FILE, TFRecords, read_index_file, write_i
 
 __all__ = ["ArrayData", "INDEX_FILE", "PipelineData", "StreamData", "TFRecords",
            "as_task_data", "count_examples", "describe", "distribute", "eval_dataset",
-           "eval_input", "example_indices", "feature_spec", "input_error",
+           "eval_input", "example_indices", "feature_spec", "host_batches", "input_error",
            "input_pipelines", "is_per_pipeline", "read_index_file", "train_dataset",
            "train_input", "write_index"]

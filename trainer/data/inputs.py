@@ -178,6 +178,26 @@ def train_input(strategy, data, *, global_batch_size: int, seed: int, shuffle: b
   return strategy.distribute_datasets_from_function(build, _input_options())
 
 
+def host_batches(data, *, num_replicas: int, global_batch_size: int, seed: int,
+                 shuffle: bool, shuffle_buffer: int, start_step: int,
+                 count: int) -> list:
+  """The `count` global batches (as stored, before Task.preprocess) from step
+  `start_step` on, as one process with `num_replicas` replicas reads them.
+
+  Returns:
+    [(features, labels)] global batches, the replicas' batches in replica order.
+  """
+  if not is_per_pipeline(data):
+    return list(pipeline.train_dataset(
+        data, global_batch_size=global_batch_size, seed=seed, shuffle=shuffle,
+        shuffle_buffer=shuffle_buffer, start_step=start_step).take(count))
+  stream = _stream(data, tf.distribute.InputContext(1, 0, num_replicas), seed=seed,
+                   shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+                   position=start_step * global_batch_size)
+  # One pipeline's consecutive per-replica batches, replica 0 first, make a step.
+  return list(stream.batch(global_batch_size, drop_remainder=True).take(count))
+
+
 def eval_input(strategy, data, *, global_batch_size: int, preprocess) -> tuple:
   """The distributed eval split, padded with weight-0 examples.
 

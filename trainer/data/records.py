@@ -37,6 +37,7 @@ from trainer.errors import DataError
 
 INDEX_FILE = "dataset.json"  # Records per file (and a data set's facts), per folder.
 _ENDLESS = 2**62
+_NAMES_SAID = 8  # Files named in the start line; then a count.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +104,9 @@ class TFRecords:
   def describe(self, num_pipelines: int, pipeline_id: int) -> str:
     """One line: which files this pipeline reads and how."""
     shard = self.shard(num_pipelines, pipeline_id)
-    names = ", ".join(os.path.basename(self.paths[i]) for i in shard.files)
+    names = [os.path.basename(self.paths[i]) for i in shard.files]
+    names = ", ".join(names[:_NAMES_SAID] + [f"... ({len(names) - _NAMES_SAID} more)"]
+                      if len(names) > _NAMES_SAID + 1 else names)
     if shard.record_level:
       return (f"{self.flag}: {len(self.paths)} file(s) < {num_pipelines} input "
               f"pipelines, record-level sharding: pipeline {pipeline_id} reads every "
@@ -180,10 +183,11 @@ class Shard:
                   blocks: int = 1) -> list:
     """Paths of `blocks` blocks from (epoch, block) on (where a bad record is
     looked for)."""
-    order = self.file_order(seed, epoch, shuffle).numpy()
     k = self.block_size
-    chosen = order[block * k:(block + blocks) * k]
-    return [self.records.paths[self.files[i]] for i in chosen]
+    chosen = list(self.file_order(seed, epoch, shuffle).numpy()[block * k:])
+    if len(chosen) < blocks * k:  # The next epoch's first blocks.
+      chosen += list(self.file_order(seed, epoch + 1, shuffle).numpy())
+    return [self.records.paths[self.files[i]] for i in chosen[:blocks * k]]
 
   def _block(self, paths, block_seed, *, shuffle: bool, buffer: int):
     """One block's serialized records: interleaved, sharded, shuffled."""

@@ -169,11 +169,12 @@ def dump_step(state: RunState, step: int, outputs, path: str):
   """Writes step `step`'s batch (as stored, before Task.preprocess), its example
   indices and its all-reduced gradients to an .npz file."""
   config = state.config
-  dataset = data.train_dataset(
-      state.train_data, global_batch_size=state.global_batch_size, seed=config.seed,
+  batches = data.host_batches(
+      state.train_data, num_replicas=state.num_replicas,
+      global_batch_size=state.global_batch_size, seed=config.seed,
       shuffle=config.shuffle, shuffle_buffer=config.shuffle_buffer,
-      start_step=(step - 1) * config.grad_accum_steps)
-  batches = list(dataset.take(config.grad_accum_steps))
+      start_step=(step - 1) * config.grad_accum_steps,
+      count=config.grad_accum_steps)
   arrays = {}
   for name, part in (("features", 0), ("labels", 1)):
     nest = tf.nest.map_structure(lambda *t: np.concatenate([x.numpy() for x in t]),
@@ -226,12 +227,19 @@ def replay_run(model_dir: str, step: int, *, dump: str = None,
   global_batch = results.get("global_batch_size") if isinstance(results, dict) else None
   if isinstance(global_batch, int):  # The run's batches, on any replica count.
     config = config.replace(global_batch_size=global_batch, per_replica_batch_size=None)
+  workers = results.get("num_workers", 1) if isinstance(results, dict) else 1
   if config.strategy == "multi_worker":
     config = config.replace(strategy="mirrored")
   if cpu_devices:
     config = config.replace(cpu_devices=cpu_devices)
   task = tasks.build_task(config.task, config.task_kwargs)
   found = setup(config, task)
+  if data.is_per_pipeline(found.train_data) and workers > 1:
+    # Each worker read its own files: one process would read another batch.
+    raise ModelDirError(
+        f"--model_dir={model_dir}: its {workers} workers each read their own files "
+        "(per-worker input); one process cannot replay their steps: rerun the "
+        "cluster from the checkpoint before the step instead")
   state = build_state(config, task, found.strategy, train_data=found.train_data,
                       eval_data=found.eval_data, is_chief=True, read_only=True)
   # The rate the run trained with after its last --on_nan=rollback (steps before
