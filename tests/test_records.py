@@ -49,8 +49,10 @@ def _records(files, parse=_parse, **kwargs):
       what="test")
 
 
-def _values(dataset, count):
-  return [int(v) for v, _ in dataset.take(count)]
+def _values(stream, count):
+  """The values of a shard's stream of serialized records."""
+  return [int(v) for v, _ in records.TFRecords("", parse=_parse).parsed(
+      stream.take(count))]
 
 
 def test_counts_come_from_the_index_or_are_counted(files, tmp_path):

@@ -143,7 +143,7 @@ def _without_label(index, record):
 
 @pytest.mark.parametrize("damage, message", [
     (lambda d: _rewrite(d, "train-00002-of-00004.tfrecord", _label(12)),
-     "train-00002-of-00004.tfrecord: record 100: image/class/label 12 is out of range "
+     "train-00002-of-00004.tfrecord: record 100: image/class/label \\[12\\] is out of range "
      r"\[0, 10\)"),
     (lambda d: _rewrite(d, "train-00003-of-00004.tfrecord", _without_label),
      "train-00003-of-00004.tfrecord: record 100: Feature: image/class/label "

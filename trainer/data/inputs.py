@@ -126,18 +126,19 @@ def _input_options():
   return tf.distribute.InputOptions(experimental_fetch_to_device=True)
 
 
-def _stream(data, context, *, seed, shuffle, shuffle_buffer, position):
-  """One pipeline's endless stream of parsed examples from `position` on."""
+def _batches(data, context, *, batch_size, seed, shuffle, shuffle_buffer, position):
+  """One pipeline's endless stream of parsed batches from example `position` on."""
   if isinstance(data, TFRecords):
     shard = data.shard(context.num_input_pipelines, context.input_pipeline_id)
-    return shard.train_stream(seed=seed, shuffle=shuffle, buffer=shuffle_buffer,
-                              position=position)
+    return data.parsed_batches(shard.train_stream(
+        seed=seed, shuffle=shuffle, buffer=shuffle_buffer, position=position),
+                               batch_size)
   dataset = data.build(context)
   if shuffle:
     dataset = dataset.shuffle(
         shuffle_buffer, seed=seed * 1_000_003 + context.input_pipeline_id,
         reshuffle_each_iteration=True)
-  return dataset.repeat().skip(position)
+  return dataset.repeat().skip(position).batch(batch_size, drop_remainder=True)
 
 
 def train_input(strategy, data, *, global_batch_size: int, seed: int, shuffle: bool,
@@ -166,13 +167,12 @@ def train_input(strategy, data, *, global_batch_size: int, seed: int, shuffle: b
   def build(context):
     per_replica = context.get_per_replica_batch_size(global_batch_size)
     local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
-    stream = _stream(data, context, seed=seed, shuffle=shuffle,
-                     shuffle_buffer=shuffle_buffer,
-                     position=start_step * local_replicas * per_replica)
-    # A plain map: a parallel one over batches is rewritten under multi-worker
+    batches = _batches(data, context, batch_size=per_replica, seed=seed,
+                       shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+                       position=start_step * local_replicas * per_replica)
+    # A plain map: a parallel one after the batch is rewritten under multi-worker
     # with an error line on stderr, and batches are cheap to preprocess.
-    dataset = stream.batch(per_replica, drop_remainder=True).map(
-        lambda features, labels: (preprocess(features), labels))
+    dataset = batches.map(lambda features, labels: (preprocess(features), labels))
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
   return strategy.distribute_datasets_from_function(build, _input_options())
@@ -191,11 +191,12 @@ def host_batches(data, *, num_replicas: int, global_batch_size: int, seed: int,
     return list(pipeline.train_dataset(
         data, global_batch_size=global_batch_size, seed=seed, shuffle=shuffle,
         shuffle_buffer=shuffle_buffer, start_step=start_step).take(count))
-  stream = _stream(data, tf.distribute.InputContext(1, 0, num_replicas), seed=seed,
-                   shuffle=shuffle, shuffle_buffer=shuffle_buffer,
-                   position=start_step * global_batch_size)
   # One pipeline's consecutive per-replica batches, replica 0 first, make a step.
-  return list(stream.batch(global_batch_size, drop_remainder=True).take(count))
+  batches = _batches(data, tf.distribute.InputContext(1, 0, num_replicas),
+                     batch_size=global_batch_size, seed=seed, shuffle=shuffle,
+                     shuffle_buffer=shuffle_buffer,
+                     position=start_step * global_batch_size)
+  return list(batches.take(count))
 
 
 def eval_input(strategy, data, *, global_batch_size: int, preprocess) -> tuple:

@@ -58,28 +58,35 @@ class Layout:
   dtype: str
   shape: tuple
 
-  def parser(self, num_classes: int):
-    """`serialized -> (image, label)`, checking the label's range in-graph."""
+  def batch_parser(self, num_classes: int):
+    """`[batch] serialized -> (images, labels)`, checking the labels' range
+    in-graph. One parse op per batch: several times faster than per record."""
     features = {ENCODED: tf.io.FixedLenFeature([], tf.string),
                 LABEL: tf.io.FixedLenFeature([], tf.int64)}
     shape, image_format, dtype = list(self.shape), self.image_format, self.dtype
 
-    def parse(serialized):
-      example = tf.io.parse_single_example(serialized, features)
-      label = example[LABEL]
-      in_range = tf.logical_and(label >= 0, label < num_classes)
-      with tf.control_dependencies([tf.debugging.Assert(in_range, [tf.strings.format(
-          f"{LABEL} {{}} is out of range [0, {num_classes})", label)])]):
-        label = tf.identity(label)
-      if image_format == "raw":
-        image = tf.reshape(tf.io.decode_raw(example[ENCODED], tf.as_dtype(dtype)),
-                           shape)
-      else:
-        image = tf.ensure_shape(tf.io.decode_image(
-            example[ENCODED], channels=shape[-1], expand_animations=False), shape)
-      return image, label
+    def decode(encoded):
+      return tf.ensure_shape(tf.io.decode_image(
+          encoded, channels=shape[-1], expand_animations=False), shape)
 
-    return parse
+    def parse_batch(serialized):
+      example = tf.io.parse_example(serialized, features)
+      labels = example[LABEL]
+      in_range = tf.logical_and(labels >= 0, labels < num_classes)
+      with tf.control_dependencies([tf.debugging.Assert(
+          tf.reduce_all(in_range), [tf.strings.format(
+              f"{LABEL} {{}} is out of range [0, {num_classes})",
+              tf.boolean_mask(labels, tf.logical_not(in_range)))])]):
+        labels = tf.identity(labels)
+      if image_format == "raw":
+        images = tf.reshape(tf.io.decode_raw(example[ENCODED], tf.as_dtype(dtype)),
+                            [-1, *shape])
+      else:
+        images = tf.map_fn(decode, example[ENCODED],
+                           fn_output_signature=tf.TensorSpec(shape, tf.uint8))
+      return images, labels
+
+    return parse_batch
 
 
 def _first_example(path: str, flag: str) -> tf.train.Example:
@@ -169,9 +176,11 @@ def load_records(config: Config) -> RecordSource:
                     f"folder has no {records_lib.INDEX_FILE} with num_classes (write "
                     "one with scripts/make_tfrecords.py --index)")
   scale = float(index.get("scale", 1 / 255 if layout.dtype == "uint8" else 1.0))
-  parse = layout.parser(num_classes)
-  train = records_lib.TFRecords(tuple(paths), parse=parse, flag="--train_files")
+  parse_batch = layout.batch_parser(num_classes)
+  train = records_lib.TFRecords(tuple(paths), parse_batch=parse_batch,
+                                flag="--train_files")
   test = None
   if config.eval_files:
-    test = records_lib.TFRecords(config.eval_files, parse=parse, flag="--eval_files")
+    test = records_lib.TFRecords(config.eval_files, parse_batch=parse_batch,
+                                 flag="--eval_files")
   return RecordSource(train, test, layout.shape, num_classes, scale)

@@ -1,0 +1,150 @@
+#!/usr/bin/env python
+"""Benchmarks TFRecord input against in-memory arrays, and what a resume costs.
+
+  python scripts/bench_input.py            # the README's "TFRecord input" numbers
+  python scripts/bench_input.py --json=input.json
+
+On digits written by scripts/make_tfrecords.py (PNG, 8 shards) and synthetic 28x28
+float32 images (raw, 16 shards), it reports:
+- the input pipeline alone: examples/s of global batches of 64 (decoded and
+  preprocessed, as a loop call reads them), arrays vs TFRecord files;
+- training: the median examples/s of `python -m trainer.main` (2 replicas, K=20)
+  on each, from results.json;
+- resume: the time from building the TFRecord stream at step S to its first
+  batch, for S up to 10^7, next to a stream that skips S batches (a tf.data
+  task's resume) at small S.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from trainer.argparsing import ArgumentParser
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+GLOBAL_BATCH = 64
+
+
+def _make(out, *args):
+  subprocess.run([sys.executable, os.path.join(REPO, "scripts", "make_tfrecords.py"),
+                  f"--out={out}", *args], check=True, capture_output=True)
+
+
+def _examples_per_second(dataset, batches: int) -> float:
+  iterator = iter(dataset)
+  for _ in range(20):  # Warm-up: buffers fill, functions trace.
+    next(iterator)
+  start = time.perf_counter()
+  for _ in range(batches):
+    next(iterator)
+  return batches * GLOBAL_BATCH / (time.perf_counter() - start)
+
+
+def _pipelines(config_flags, batches):
+  """(arrays examples/s, TFRecord examples/s) of the input alone."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from trainer import data  # pylint: disable=g-import-not-at-top
+  from trainer.config import Config  # pylint: disable=g-import-not-at-top
+  from trainer.tasks.classification import Classification  # pylint: disable=g-import-not-at-top
+  from trainer.training.setup import bind  # pylint: disable=g-import-not-at-top
+  rates = []
+  for flags in config_flags:
+    task = bind(Classification(), Config(**flags))
+    source = data.as_task_data(task.train_data(), what="bench")
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    dataset = data.train_input(strategy, source, global_batch_size=GLOBAL_BATCH,
+                               seed=0, shuffle=True, shuffle_buffer=10000,
+                               start_step=0, preprocess=task.preprocess)
+    rates.append(_examples_per_second(dataset, batches))
+  return rates
+
+
+def _train(flags, model_dir, steps):
+  subprocess.run([sys.executable, "-m", "trainer.main", *flags, "--cpu_devices=2",
+                  "--steps_per_loop=20", f"--train_steps={steps}",
+                  f"--model_dir={model_dir}", "--summaries=false"], cwd=REPO,
+                 check=True, capture_output=True)
+  with open(os.path.join(model_dir, "results.json")) as f:
+    return json.load(f)["examples_per_second_median"]
+
+
+def _first_batch_seconds(build, repeats=3) -> float:
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    next(iter(build()))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _resume_costs(folder, steps_list, skip_steps):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from trainer import data  # pylint: disable=g-import-not-at-top
+  from trainer.config import Config  # pylint: disable=g-import-not-at-top
+  from trainer.tasks.classification import Classification  # pylint: disable=g-import-not-at-top
+  from trainer.training.setup import bind  # pylint: disable=g-import-not-at-top
+  task = bind(Classification(), Config(dataset="tfrecord",
+                                       train_files=f"{folder}/train-*"))
+  records = data.as_task_data(task.train_data(), what="bench")
+  shard = records.shard(1, 0)
+  costs = {}
+  for step in steps_list:
+    costs[f"tfrecord at step {step}"] = _first_batch_seconds(
+        lambda s=step: records.parsed_batches(shard.train_stream(
+            seed=0, shuffle=True, buffer=10000, position=s * GLOBAL_BATCH),
+                                              GLOBAL_BATCH))
+  stream = data.StreamData(records.parsed(tf.data.TFRecordDataset(
+      list(records.paths))))
+  for step in skip_steps:
+    costs[f"skip-based stream at step {step}"] = _first_batch_seconds(
+        lambda s=step: data.train_dataset(stream, global_batch_size=GLOBAL_BATCH,
+                                          seed=0, shuffle=True, start_step=s))
+  return costs
+
+
+def main(argv=None) -> int:
+  parser = ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--json", help="also write the numbers to this file")
+  parser.add_argument("--quick", action="store_true", help="fewer batches and steps")
+  args = parser.parse_args(argv)
+  batches, steps = (50, 200) if args.quick else (300, 1000)
+  report = {}
+  with tempfile.TemporaryDirectory() as scratch:
+    digits, synthetic = os.path.join(scratch, "digits"), os.path.join(scratch, "syn")
+    _make(digits, "--dataset=digits", "--shards=8")
+    _make(synthetic, "--dataset=synthetic", "--shards=16")
+    cases = {"digits (PNG, 8 shards)": ({}, {"dataset": "tfrecord",
+                                              "train_files": f"{digits}/train-*"}),
+             "synthetic 28x28 (raw float32, 16 shards)": (
+                 {"dataset": "synthetic"},
+                 {"dataset": "tfrecord", "train_files": f"{synthetic}/train-*"})}
+    for name, (arrays, files) in cases.items():
+      pipeline = _pipelines([arrays, files], batches)
+      flags = [[f"--{k}={v}" for k, v in c.items()] for c in (arrays, files)]
+      training = [_train(f, os.path.join(scratch, f"run{i}-{len(report)}"), steps)
+                  for i, f in enumerate(flags)]
+      report[name] = {"pipeline arrays": pipeline[0], "pipeline tfrecord": pipeline[1],
+                      "training arrays": training[0], "training tfrecord": training[1]}
+    report["resume seconds"] = _resume_costs(digits, (0, 1000, 100_000, 10_000_000),
+                                             (0, 100, 1000))
+  print("| data | input alone, arrays | input alone, TFRecord | training, arrays | "
+        "training, TFRecord |\n|---|---|---|---|---|")
+  for name, row in report.items():
+    if name != "resume seconds":
+      print(f"| {name} | " + " | ".join(f"{v:,.0f}" for v in row.values()) + " |")
+  print("\n| stream built at | time to its first batch (s) |\n|---|---|")
+  for name, seconds in report["resume seconds"].items():
+    print(f"| {name} | {seconds:.3f} |")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
