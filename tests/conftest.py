@@ -44,6 +44,26 @@ def _close_fork_server():
       server.close()
 
 
+def _warm_server():
+  """The session's fork server (started on first use), or None where there is
+  no os.fork."""
+  if not _fork_server:
+    from trainer.sweeps.forkserver import ForkServer  # pylint: disable=g-import-not-at-top
+    _fork_server.append(ForkServer.start(env=cli_env(), cwd=REPO))
+  return _fork_server[0]
+
+
+def spawn_cli(*args, log_path, err_path=None, python_path=None):
+  """Starts `python -m trainer.main ARGS` warm (see run_cli) without waiting: a
+  process with poll(), kill(), send_signal() and wait(); its stdout goes to
+  log_path (and stderr, unless err_path is given)."""
+  server = _warm_server()
+  if server is None:
+    pytest.skip("no fork server on this platform")
+  return server.spawn(list(args), log_path=log_path, err_path=err_path,
+                      python_path=python_path or cli_env().get("PYTHONPATH"))
+
+
 def run_cli(*args, timeout=240, cwd=None, env=None):
   """Runs `python -m trainer.main ARGS` and returns the CompletedProcess.
 
@@ -59,18 +79,14 @@ def run_cli(*args, timeout=240, cwd=None, env=None):
   warm = cwd is None and (env is None or {
       key: value for key, value in env.items() if key != "PYTHONPATH"} == {
           key: value for key, value in default.items() if key != "PYTHONPATH"})
-  if warm and not _fork_server:
-    from trainer.sweeps.forkserver import ForkServer  # pylint: disable=g-import-not-at-top
-    _fork_server.append(ForkServer.start(env=default, cwd=REPO))
-  if not warm or _fork_server[0] is None:
+  if not warm or _warm_server() is None:
     return subprocess.run(command, cwd=cwd or REPO, env=env or default,
                           capture_output=True, text=True, timeout=timeout,
                           check=False)
   with tempfile.TemporaryDirectory() as scratch:
     out, err = os.path.join(scratch, "out"), os.path.join(scratch, "err")
-    process = _fork_server[0].spawn(
-        list(args), log_path=out, err_path=err,
-        python_path=(env or {}).get("PYTHONPATH", default.get("PYTHONPATH")))
+    process = spawn_cli(*args, log_path=out, err_path=err,
+                        python_path=(env or {}).get("PYTHONPATH"))
     try:
       code = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -20,7 +20,7 @@ from trainer.errors import DivergedError, ModelDirError
 from trainer.training import checkpoints as checkpoints_lib
 
 from conftest import (REPO, assert_bit_identical, checkpoint_values, cli_env,
-                      read_results, run_cli)
+                      read_results, run_cli, spawn_cli)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 FAST = dict(dataset="digits", model="mlp", optimizer="sgd", learning_rate=0.1,
@@ -431,19 +431,20 @@ def test_twenty_sigkills_at_random_moments_lose_nothing(tmp_path):
   progressed = 0  # Kills after which the run had trained further than before.
   last_step = -1
   for kill in range(20):
-    process = subprocess.Popen(
-        [sys.executable, "-m", "trainer.main", *args, f"--model_dir={killed}"],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True)
+    log = str(tmp_path / f"log-{kill}")
+    # Forked warm (conftest.spawn_cli): TensorFlow is imported already, so every
+    # kill lands in the trainer's own start-up or training.
+    process = spawn_cli(*args, f"--model_dir={killed}", log_path=log,
+                        err_path=os.devnull)
     if kill % 2:
-      time.sleep(rng.uniform(0.1, 3.0))  # Start-up: imports, set-up, restore.
+      time.sleep(rng.uniform(0.1, 2.0))  # Start-up: set-up, restore, first steps.
     else:
-      for line in process.stdout:  # Training: after the first loop call.
-        if line.startswith("step "):
-          break
-      time.sleep(rng.uniform(0.0, 1.0))
+      while process.poll() is None and not _trained(log):
+        time.sleep(0.02)  # Training: after this process's first loop call.
+      # Up to 2 s: past the first evaluation's tracing, into later saves.
+      time.sleep(rng.uniform(0.0, 2.0))
     process.kill()
-    process.communicate()
+    process.wait(timeout=60)
     step = max(checkpoints_lib.checkpoint_steps(_ckpt_dir(killed)), default=-1)
     progressed += step > last_step
     last_step = step
@@ -457,6 +458,15 @@ def test_twenty_sigkills_at_random_moments_lose_nothing(tmp_path):
   assert results["eval"] == expected["eval"]
   assert results["best_eval"] == expected["best_eval"]
   assert tf.io.gfile.exists(os.path.join(killed, "export"))
+
+
+def _trained(log: str) -> bool:
+  """Whether the run logging to `log` printed a progress line."""
+  try:
+    with open(log) as f:
+      return "\nstep " in f.read()
+  except FileNotFoundError:
+    return False
 
 
 def test_eval_mode_on_a_directory_it_cannot_write(model_dir, monkeypatch):

@@ -114,12 +114,7 @@ def describe(strategy, data):
 
 
 def _options() -> tf.data.Options:
-  options = tf.data.Options()
-  options.deterministic = True
-  # Each pipeline reads its own part already.
-  options.experimental_distribute.auto_shard_policy = (
-      tf.data.experimental.AutoShardPolicy.OFF)
-  return options
+  return pipeline.dataset_options(tf.data.experimental.AutoShardPolicy.OFF)
 
 
 def _input_options():

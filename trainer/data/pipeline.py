@@ -136,13 +136,17 @@ def feature_spec(data) -> object:
       data.features)
 
 
-def _options() -> tf.data.Options:
+def dataset_options(shard_policy=tf.data.experimental.AutoShardPolicy.DATA
+                    ) -> tf.data.Options:
+  """Deterministic order, and the auto-shard policy given explicitly.
+
+  DATA (global batches): each worker takes every n-th global batch element after
+  rebatching, so no two workers read the same examples in a step; explicit rather
+  than AUTO's guess. Per-pipeline input reads its own part already: OFF.
+  """
   options = tf.data.Options()
   options.deterministic = True
-  # Each worker takes every n-th global batch element after rebatching, so no two
-  # workers read the same examples in a step; explicit rather than AUTO's guess.
-  options.experimental_distribute.auto_shard_policy = (
-      tf.data.experimental.AutoShardPolicy.DATA)
+  options.experimental_distribute.auto_shard_policy = shard_policy
   return options
 
 
@@ -180,7 +184,7 @@ def train_dataset(data, *, global_batch_size: int, seed: int, shuffle: bool,
     dataset = dataset.skip(start_step).map(
         lambda features, labels: (preprocess(features), labels),
         num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(dataset_options())
   n = data.num_examples
   if n < global_batch_size:
     raise DataError(f"the training set has {n} examples, fewer than one global batch "
@@ -198,7 +202,7 @@ def train_dataset(data, *, global_batch_size: int, seed: int, shuffle: bool,
   dataset = tf.data.Dataset.range(start_step * global_batch_size, _ENDLESS)
   dataset = dataset.batch(global_batch_size, drop_remainder=True)
   dataset = dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
-  return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
+  return dataset.prefetch(tf.data.AUTOTUNE).with_options(dataset_options())
 
 
 def example_indices(positions, *, num_examples: int, global_batch_size: int,
@@ -254,7 +258,7 @@ def eval_dataset(data, *, global_batch_size: int, preprocess=_identity):
     dataset = real.concatenate(padding.repeat(global_batch_size - 1))
     dataset = dataset.batch(global_batch_size, drop_remainder=True).map(
         lambda f, y, w: (preprocess(f), y, w), num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options()), num_batches
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(dataset_options()), num_batches
   features, labels = tf.nest.map_structure(tf.constant, (data.features, data.labels))
 
   def gather(positions):
@@ -267,7 +271,7 @@ def eval_dataset(data, *, global_batch_size: int, preprocess=_identity):
   dataset = tf.data.Dataset.range(num_batches * global_batch_size)
   dataset = dataset.batch(global_batch_size, drop_remainder=True)
   dataset = dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
-  return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options()), num_batches
+  return dataset.prefetch(tf.data.AUTOTUNE).with_options(dataset_options()), num_batches
 
 
 def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):

@@ -56,13 +56,19 @@ class Task:
 
   Required: `build_model`, `train_data`, `loss`. Everything else has a default.
 
-  Data (`train_data`, `eval_data`) is either
+  Data (`train_data`, `eval_data`) is one of
   - arrays: `(features, labels)`, each a numpy array or a dict of arrays with the
     same first dimension. The training order is then a pure function of
     (--seed, step): exact resume needs no iterator state.
   - an unbatched `tf.data.Dataset` of `(features, labels)` elements. The framework
     repeats it, shuffles it with a seeded buffer (--shuffle, --shuffle_buffer),
     batches it and, on resume, skips the batches already trained on.
+  - `trainer.data.TFRecords(files, parse=...)`: each worker reads only its own
+    files; the order is a function of (--seed, step) and a resume re-reads at
+    most one block of files (see trainer/data/records.py).
+  - a function `input_context -> tf.data.Dataset` building one input pipeline's
+    (one worker's) part, distributed with `distribute_datasets_from_function`;
+    treated as a dataset per pipeline (shuffled, repeated, batched, skipped).
 
   Attributes:
     config: the run's `trainer.Config`, set by the framework before any method is
