@@ -11,6 +11,8 @@ Variants:
   trainer        trainer.train(config), the public API (speed from its results.json:
                  wall clock between loop-call ends, so host work between calls counts)
   trainer_quiet  the same with --summaries=false (no summaries or progress lines)
+  trainer_dataset  trainer with --array_input=dataset: the distributed iterator
+                 instead of the in-graph gather
   seed_loop      hand-written: one strategy.run per tf.function call (the seed's shape)
   k_loop         hand-written: K steps per tf.function call (tf.range): the ceiling
   keras_fit      Keras 3 model.fit under the strategy, --steps_per_execution=E
@@ -30,8 +32,8 @@ import psutil
 
 from trainer import tf_loader
 
-VARIANTS = ("trainer", "trainer_quiet", "seed_loop", "k_loop", "keras_fit",
-            "single_device", "pipeline")
+VARIANTS = ("trainer", "trainer_quiet", "trainer_dataset", "seed_loop", "k_loop",
+            "keras_fit", "single_device", "pipeline")
 
 
 def _since_process_start():
@@ -68,7 +70,7 @@ def _windows(run_window, args):
   return rates, ttfs
 
 
-def run_trainer(args, *, summaries):
+def run_trainer(args, *, summaries, array_input="gather"):
   import trainer  # pylint: disable=g-import-not-at-top
   # One loop call per window (the first traces), unless --train_steps is given
   # (--steps_per_loop=0 lets the trainer size its calls).
@@ -76,7 +78,8 @@ def run_trainer(args, *, summaries):
       (1 + args.warmup_windows + args.windows) * args.steps_per_loop)
   with tempfile.TemporaryDirectory() as model_dir:
     config = _config(args, model_dir=model_dir, train_steps=train_steps,
-                     checkpoint_every=10**9, summaries=summaries)
+                     checkpoint_every=10**9, summaries=summaries,
+                     array_input=array_input)
     results = trainer.train(config)
   return {"examples_per_second": results["examples_per_second_median"],
           "time_to_first_call_s": results["time_to_first_step_s"],
@@ -233,6 +236,8 @@ def main():
   runners = {
       "trainer": lambda: run_trainer(args, summaries=True),
       "trainer_quiet": lambda: run_trainer(args, summaries=False),
+      "trainer_dataset": lambda: run_trainer(args, summaries=True,
+                                             array_input="dataset"),
       "seed_loop": lambda: run_hand_loop(args, k_steps=False),
       "k_loop": lambda: run_hand_loop(args, k_steps=True),
       "keras_fit": lambda: run_keras_fit(args),

@@ -25,8 +25,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "scripts", "bench_variants.py")
-VARIANTS = ("trainer", "trainer_quiet", "seed_loop", "k_loop", "keras_fit",
-            "single_device", "pipeline")
+VARIANTS = ("trainer", "trainer_quiet", "trainer_dataset", "seed_loop", "k_loop",
+            "keras_fit", "single_device", "pipeline")
 # (name, variant, extra worker flags): each fast-path flag, on one configuration.
 FAST_PATHS = (("trainer", "trainer", []),
               ("trainer --mixed_precision=mixed_bfloat16", "trainer",

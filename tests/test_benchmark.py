@@ -32,9 +32,9 @@ def test_quick_benchmark_reports_every_variant(tmp_path):
   [config] = report["configs"]
   assert (config["model"], config["dataset"], config["replicas"]) == ("cnn",
                                                                        "synthetic", 2)
-  assert set(config["variants"]) == {"trainer", "trainer_quiet", "seed_loop",
-                                     "k_loop", "keras_fit", "single_device",
-                                     "pipeline"}
+  assert set(config["variants"]) == {"trainer", "trainer_quiet", "trainer_dataset",
+                                     "seed_loop", "k_loop", "keras_fit",
+                                     "single_device", "pipeline"}
   for name, variant in config["variants"].items():
     assert "error" not in variant, (name, variant)
     assert variant["examples_per_second"] > 0, name

@@ -53,7 +53,9 @@ def _state(tmp_path, **changes):
 
 
 def test_wrong_batch_size_fires_the_in_graph_assertion(tmp_path):
-  state = _state(tmp_path, cpu_devices=2, per_replica_batch_size=4)
+  # The iterator path (the gather path builds exactly 4 per replica itself).
+  state = _state(tmp_path, cpu_devices=2, per_replica_batch_size=4,
+                 array_input="dataset")
   # Global batches of 6 split into 3 + 3: not the 4 each replica must get.
   dataset = data.train_dataset(state.train_data, global_batch_size=6, seed=0,
                                shuffle=False, start_step=0,

@@ -20,6 +20,7 @@ from trainer.errors import ConfigError
 MODES = ("train", "eval", "train_and_eval")
 DATASETS = ("digits", "mnist", "npz", "synthetic", "tfrecord")
 MODELS = ("cnn", "mlp", "resnet")
+ARRAY_INPUTS = ("gather", "dataset")
 STRATEGIES = ("mirrored", "one_device", "multi_worker")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
 CROSS_DEVICE_OPS = ("auto", "ring", "nccl", "hierarchical_copy", "reduce_to_one_device")
@@ -95,6 +96,12 @@ class Config:
   shuffle: bool = _field(True, "Shuffle the training set each epoch (arrays: a "
                          "stateless permutation of (seed, epoch); a tf.data task: a "
                          "seeded buffer).")
+  array_input: str = _field(
+      "gather", "How array data reaches the replicas: gather (each replica gathers "
+      "its batch in-graph from a copy of the arrays on its device, by (seed, step, "
+      "replica): no iterator) or dataset (tf.data and "
+      "experimental_distribute_dataset). The same examples either way; arrays over "
+      "1 GiB always use dataset.", choices=ARRAY_INPUTS)
   shuffle_buffer: int = _field(10000, "Shuffle buffer of streamed data (a task's "
                                "tf.data.Dataset or pipeline function, TFRecord files).",
                                lower=1)

@@ -74,7 +74,10 @@ def auto_steps_per_loop(num_steps: int, seconds: float, *, first: bool) -> int:
 
 
 def train_iterator(state: RunState):
-  """The distributed iterator of training batches from the current global step."""
+  """The distributed iterator of training batches from the current global step;
+  None when the replicas gather their batches in-graph (--array_input=gather)."""
+  if state.gather_input is not None:
+    return None
   config = state.config
   # Each update reads --grad_accum_steps global batches of the stream.
   return iter(data.train_input(

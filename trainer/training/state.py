@@ -73,6 +73,7 @@ class RunState:
   eval_totals: ledger.Totals
   train_loop: object
   diagnose_step: object  # One train step with its gradients (divergence.py).
+  gather_input: object  # data.GatherInput (the loops then take no iterator), or None.
   eval_loop: object
   stop_vote: object
   per_replica_batch_size: int  # From the batch flags and the replica count.
@@ -334,11 +335,17 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                                    **{f"task_{k}": v for k, v in task_items.items()}},
                             scratch=_scratch_dir(config, strategy, is_chief),
                             read_only=read_only)
+  gather_input = None
+  if config.array_input == "gather" and data.gather_fits(train_data):
+    gather_input = data.GatherInput(
+        strategy=strategy, data=train_data, global_batch_size=global_batch,
+        per_replica_batch_size=per_replica, seed=config.seed, shuffle=config.shuffle,
+        preprocess=task.preprocess)
   train_loop, diagnose_step = steps.make_train_loop(
       strategy=strategy, task=task, model=model, optimizer=optimizer,
       global_step=global_step, ledger=train_ledger, totals=train_totals,
       per_replica_batch_size=per_replica, global_batch_size=global_batch,
-      jit_compile=config.jit_compile, rule=rule)
+      jit_compile=config.jit_compile, rule=rule, gather=gather_input)
   eval_loop = steps.make_eval_loop(
       strategy=strategy, task=task, model=model, ledger=eval_ledger,
       totals=eval_totals, per_replica_batch_size=per_replica)
@@ -352,6 +359,7 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                   train_ledger=train_ledger, eval_ledger=eval_ledger,
                   train_totals=train_totals, eval_totals=eval_totals,
                   train_loop=train_loop, diagnose_step=diagnose_step,
+                  gather_input=gather_input,
                   eval_loop=eval_loop,
                   stop_vote=steps.make_stop_vote(strategy),
                   per_replica_batch_size=per_replica)

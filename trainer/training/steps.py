@@ -111,7 +111,7 @@ class UpdateRule:
 
 def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, totals,
                     per_replica_batch_size, global_batch_size, jit_compile=False,
-                    rule: UpdateRule = UpdateRule()):
+                    rule: UpdateRule = UpdateRule(), gather=None):
   """Builds `train_loop(iterator, num_steps) -> dict of tensors`, and
   `diagnose_step(iterator)`, which runs one step exactly as the loop does and
   returns what a divergence report needs.
@@ -136,6 +136,8 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
     global_batch_size: examples per micro-step over all replicas.
     jit_compile: compile the replica's forward and backward pass with XLA.
     rule: accumulation, clipping, the learning-rate schedule and EMA.
+    gather: a data.GatherInput: each replica gathers its batch in-graph from the
+      global step (the loops' `iterator` is then None), instead of next().
 
   Returns:
     (train_loop, diagnose_step), tf.functions. diagnose_step returns "loss" (of
@@ -173,19 +175,28 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
     totals.add(dict(metrics, loss=loss, examples=batch_size))
     return gradients
 
-  def micro_step(iterator):
-    """One next() and one strategy.run: the all-reduced gradients of a batch."""
-    features, labels = next(iterator)
-    per_replica_gradients = strategy.run(replica_step, args=(features, labels))
+  def gathered_replica_step(micro_step_index):
+    return replica_step(*gather.replica_batch(micro_step_index))
+
+  def micro_step(iterator, index):
+    """One next() (or one in-graph gather per replica, at micro-step `index`) and
+    one strategy.run: the all-reduced gradients of a batch."""
+    if gather is None:
+      features, labels = next(iterator)
+      per_replica_gradients = strategy.run(replica_step, args=(features, labels))
+    else:
+      per_replica_gradients = strategy.run(gathered_replica_step, args=(index,))
     return strategy.extended.batch_reduce_to(
         _SUM, [(g, v.value) for g, v in zip(per_replica_gradients, variables)])
 
   def train_step(iterator, diagnosis=None):
     """One update; fills `diagnosis` (a dict) with its gradients when given."""
-    gradients = micro_step(iterator)
+    first = None if gather is None else global_step.read_value() * rule.accum_steps
+    gradients = micro_step(iterator, first)
     if rule.accum_steps > 1:
-      for _ in tf.range(rule.accum_steps - 1):
-        gradients = [a + b for a, b in zip(gradients, micro_step(iterator))]
+      for micro in tf.range(1, rule.accum_steps, dtype=tf.int64):
+        index = None if gather is None else first + micro
+        gradients = [a + b for a, b in zip(gradients, micro_step(iterator, index))]
     norm = tf.linalg.global_norm(gradients)
     scale = _loss_scale(optimizer)
     scale = tf.constant(1.0) if scale is None else tf.cast(scale, norm.dtype)
