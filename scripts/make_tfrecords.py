@@ -49,13 +49,33 @@ def _write_split(out, split, images, labels, shards, image_format):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   paths = []
   for shard, indices in enumerate(np.array_split(np.arange(len(images)), shards)):
-    path = os.path.join(out, f"{split}-{shard:05d}-of-{shards:05d}.tfrecord")
-    with tf.io.TFRecordWriter(path + ".tmp") as writer:
+    name = f"{split}-{shard:05d}-of-{shards:05d}.tfrecord"
+    path, temporary = os.path.join(out, name), os.path.join(out, f".{name}.tmp")
+    with tf.io.TFRecordWriter(temporary) as writer:  # Hidden from train-* globs.
       for i in indices:
         writer.write(image_records.encode_example(images[i], labels[i], image_format))
-    os.replace(path + ".tmp", path)
+    os.replace(temporary, path)
     paths.append(path)
   return paths
+
+
+def _storable(images, image_format: str):
+  """The images in a dtype the record layout holds (raw: uint8 or float32).
+
+  Raises:
+    TrainerError: integers outside 0..255, or a type that is not a number.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if image_format != "raw" or images.dtype.name in ("uint8", "float32"):
+    return images
+  if np.issubdtype(images.dtype, np.floating):
+    return images.astype(np.float32)
+  if np.issubdtype(images.dtype, np.integer) and images.min() >= 0 and (
+      images.max() <= 255):
+    return images.astype(np.uint8)
+  raise TrainerError(f"--format=raw: {images.dtype} values (from {images.min()} to "
+                     f"{images.max()}) cannot be stored as uint8 or float32 exactly; "
+                     "convert the arrays first")
 
 
 def main(argv=None) -> int:
@@ -73,25 +93,31 @@ def main(argv=None) -> int:
     from trainer import data  # pylint: disable=g-import-not-at-top
     from trainer.tasks import image_data  # pylint: disable=g-import-not-at-top
     source = image_data.load_source(config)
-    existing = [n for n in os.listdir(args.out) if n.endswith(".tfrecord")] if (
-        os.path.isdir(args.out)) else []
-    if existing and not args.overwrite:
-      raise TrainerError(f"--out={args.out}: already holds {len(existing)} .tfrecord "
+    existing = [n for n in os.listdir(args.out) if n.endswith(".tfrecord") or
+                n == data.INDEX_FILE] if os.path.isdir(args.out) else []
+    shards = [n for n in existing if n.endswith(".tfrecord")]
+    if shards and not args.overwrite:
+      raise TrainerError(f"--out={args.out}: already holds {len(shards)} .tfrecord "
                          "file(s); pass --overwrite or another folder")
     channels = source.x_train.shape[-1] if source.x_train.ndim == 4 else 0
     image_format = args.format
     if image_format == "auto":
       image_format = ("png" if source.x_train.dtype.name == "uint8" and
                       channels in (1, 3, 4) else "raw")
+    allowed = (1, 3) if image_format == "jpeg" else (1, 3, 4)
     if image_format != "raw" and (source.x_train.dtype.name != "uint8" or
-                                  channels not in (1, 3, 4)):
-      raise TrainerError(f"--format={image_format}: needs uint8 images with 1, 3 or "
-                         f"4 channels; {args.dataset} has {source.x_train.dtype} "
-                         f"shape {source.x_train.shape[1:]} (use --format=raw)")
-    x_train, x_test = source.x_train, source.x_test
+                                  channels not in allowed):
+      raise TrainerError(f"--format={image_format}: needs uint8 images with "
+                         f"{' or '.join(map(str, allowed))} channels; {args.dataset} "
+                         f"has {source.x_train.dtype} shape "
+                         f"{source.x_train.shape[1:]} (use --format=raw)")
+    x_train = _storable(source.x_train, image_format)
+    x_test = _storable(source.x_test, image_format)
     if x_train.ndim == 2:  # Vectors: images of one row, one channel.
       x_train, x_test = x_train[:, None, :, None], x_test[:, None, :, None]
     os.makedirs(args.out, exist_ok=True)
+    for name in existing:  # --overwrite: no old shard may stay for a glob to read.
+      os.remove(os.path.join(args.out, name))
     paths = (_write_split(args.out, "train", x_train, source.y_train, args.shards,
                           image_format) +
              _write_split(args.out, "test", x_test, source.y_test, args.shards,

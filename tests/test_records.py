@@ -182,3 +182,11 @@ def test_replicas_get_consecutive_batches_of_the_stream_as_replay_reads_them(fil
   stream = source.shard(1, 0).train_stream(seed=2, shuffle=True, buffer=8,
                                            position=0)
   assert list(replayed.numpy()) == _values(stream, 48)[40:48]  # Step 5 of 8 each.
+
+
+def test_a_bad_record_is_looked_for_in_every_block_a_loop_call_read(files):
+  shard = _records(files, files_per_block=2).shard(1, 0)
+  one_record = shard.files_read(0, 1, seed=3, shuffle=True)
+  assert len(one_record) == 4  # Its block, and the next (prefetched).
+  epoch = shard.files_read(0, 36, seed=3, shuffle=True)
+  assert sorted(epoch) == sorted(shard.records.paths)  # Every file, once.

@@ -164,8 +164,8 @@ def test_a_bad_record_mid_run_is_one_line_and_keeps_the_checkpoint(
   assert result.returncode == 2
   line = result.stderr.strip().splitlines()[-1]
   assert re.fullmatch(rf"error: --train_files: bad record in {folder}/{message}.* "
-                      r"\(train stopped at step \d+; the checkpoints written so far "
-                      r"are kept\)", line), line
+                      r"\(train stopped in the steps after \d+; the checkpoints "
+                      r"written so far are kept\)", line), line
   assert "Traceback" not in result.stderr
   kept = checkpoint_values(os.path.join(model_dir, "checkpoints"))  # Readable.
   assert np.isfinite(kept["global_step/.ATTRIBUTES/VARIABLE_VALUE"])
@@ -193,3 +193,26 @@ def test_bad_file_flags_are_one_line_and_write_nothing(shards, tmp_path, args, l
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [line.format(**fill)]
   assert not os.path.exists(model_dir)
+
+
+def test_overwrite_leaves_no_old_shard_and_npz_vectors_are_stored(tmp_path):
+  out = str(tmp_path / "out")
+  assert make_tfrecords.main(["--dataset=digits", f"--out={out}", "--shards=4"]) == 0
+  assert make_tfrecords.main(["--dataset=digits", f"--out={out}", "--shards=2",
+                              "--overwrite"]) == 0
+  assert sorted(os.listdir(out)) == [
+      "dataset.json", "test-00000-of-00002.tfrecord", "test-00001-of-00002.tfrecord",
+      "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+  # float64 vectors (numpy's default) are stored as raw float32 the trainer reads.
+  npz = str(tmp_path / "v.npz")
+  rng = np.random.default_rng(0)
+  np.savez(npz, x_train=rng.normal(size=(40, 5)), y_train=np.arange(40) % 3,
+           x_test=rng.normal(size=(9, 5)), y_test=np.arange(9) % 3)
+  assert make_tfrecords.main(["--dataset=npz", f"--data_path={npz}",
+                              f"--out={tmp_path / 'v'}", "--shards=2"]) == 0
+  result = run_cli("--dataset=tfrecord", f"--train_files={tmp_path}/v/train-*",
+                   f"--eval_files={tmp_path}/v/test-*", "--model=mlp",
+                   "--mode=train_and_eval", "--train_steps=3",
+                   "--per_replica_batch_size=8", f"--model_dir={tmp_path / 'run'}")
+  assert result.returncode == 0, result.stderr
+  assert read_results(str(tmp_path / "run"))["eval"]["examples"] == 9

@@ -56,14 +56,14 @@ class PipelineData:
     return (f"input pipeline {pipeline_id} of {num_pipelines}: the task's pipeline "
             "function")
 
-  def pipeline_counts(self, num_pipelines: int, num_replicas: int) -> list:
-    """Examples of each pipeline (eval splits), counted once per layout."""
-    if num_pipelines not in self._counts:
-      self._counts[num_pipelines] = [
-          int(self.build(tf.distribute.InputContext(num_pipelines, p, num_replicas))
-              .reduce(np.int64(0), lambda n, _: n + 1))
-          for p in range(num_pipelines)]
-    return self._counts[num_pipelines]
+  def count(self, num_pipelines: int, pipeline_id: int, num_replicas: int) -> int:
+    """Examples of this worker's pipeline (an eval split), counted once per layout."""
+    key = (num_pipelines, pipeline_id)
+    if key not in self._counts:
+      self._counts[key] = int(self.build(tf.distribute.InputContext(
+          num_pipelines, pipeline_id, num_replicas)).reduce(
+              np.int64(0), lambda n, _: n + 1))
+    return self._counts[key]
 
 
 def check_pipeline_data(value: PipelineData, *, what: str, finite: bool):
@@ -101,8 +101,9 @@ def input_pipelines(strategy) -> tuple:
   resolver = getattr(strategy, "cluster_resolver", None)
   if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver
       is not None and resolver.cluster_spec().as_dict()):
+    # The input context's id: the chief (if the cluster names one) is 0.
     # pylint: disable-next=protected-access
-    return strategy.extended._num_workers, int(resolver.task_id)
+    return strategy.extended._num_workers, int(strategy.extended._id_in_cluster)
   return 1, 0
 
 
@@ -205,16 +206,19 @@ def eval_input(strategy, data, *, global_batch_size: int, preprocess) -> tuple:
     dataset, num_batches = pipeline.eval_dataset(
         data, global_batch_size=global_batch_size, preprocess=preprocess)
     return pipeline.distribute(strategy, dataset), num_batches
-  num_pipelines, _ = input_pipelines(strategy)
+  num_pipelines, this_pipeline = input_pipelines(strategy)
   num_replicas = strategy.num_replicas_in_sync
   local_replicas = num_replicas // num_pipelines
   per_replica = -(-global_batch_size // num_replicas)
-  if isinstance(data, TFRecords):
-    counts = [data.shard(num_pipelines, p).num_examples for p in range(num_pipelines)]
-  else:
-    counts = data.pipeline_counts(num_pipelines, num_replicas)
   per_step = local_replicas * per_replica
-  num_batches = max(1, max(-(-count // per_step) for count in counts))
+  if isinstance(data, TFRecords):  # Every pipeline's count is known.
+    counts = {p: data.shard(num_pipelines, p).num_examples
+              for p in range(num_pipelines)}
+    most = max(counts.values())
+  else:  # Each worker counts its own part; the largest is agreed on.
+    counts = {this_pipeline: data.count(num_pipelines, this_pipeline, num_replicas)}
+    most = _max_over_workers(strategy, counts[this_pipeline])
+  num_batches = max(1, -(-most // per_step))
   features_spec, labels_spec = data.element_spec
   padding = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
                                   (features_spec, labels_spec))
@@ -236,27 +240,42 @@ def eval_input(strategy, data, *, global_batch_size: int, preprocess) -> tuple:
       num_batches
 
 
-def input_error(strategy, data, *, split: str, step: int,
-                seed: int = 0, shuffle: bool = False, position: int = 0):
+def _max_over_workers(strategy, value: int) -> int:
+  """The largest of every worker's `value` (a collective under multi-worker)."""
+  if input_pipelines(strategy)[0] == 1:
+    return value
+  local = tf.constant(value, tf.int64)
+  reduce = tf.function(lambda: strategy.reduce(
+      tf.distribute.ReduceOp.MAX, strategy.run(lambda: tf.identity(local)), axis=None))
+  return int(reduce())
+
+
+def input_error(strategy, data, error: Exception, *, split: str, step: int,
+                seed: int = 0, shuffle: bool = False, position: int = 0,
+                records: int = 0):
   """Explains an error of a loop call that may come from a bad record.
 
-  Looks for the first bad record where this worker was reading (training: the
-  block at `position` and the next one; evaluation: all of its files).
+  When the error came out of the input (a corrupt file, or an error in the
+  iterator's get-next), looks for the first bad record where this worker was
+  reading: training, the blocks from `position` over the call's `records` (and
+  the next, which prefetching may have read); evaluation, all of its files.
 
   Returns:
     A DataError naming the file and record (the checkpoint is kept), or None when
-    the data is not TFRecords or no bad record is found there.
+    the data is not TFRecords, the error is not the input's, or no bad record is
+    found there.
   """
-  if not isinstance(data, TFRecords):
+  from_input = (isinstance(error, tf.errors.DataLossError) or
+                "IteratorGetNext" in str(error))
+  if not isinstance(data, TFRecords) or not from_input:
     return None
   shard = data.shard(*input_pipelines(strategy))
   if split == "train":
-    epoch, block, _ = shard.start(position, seed=seed, shuffle=shuffle)
-    paths = shard.block_files(epoch, block, seed=seed, shuffle=shuffle, blocks=2)
+    paths = shard.files_read(position, records, seed=seed, shuffle=shuffle)
   else:
     paths = [data.paths[i] for i in shard.files]
   found = find_bad_record(data, paths)
   if found is None:
     return None
-  return DataError(f"{data.flag}: bad record in {found} ({split} stopped at step "
-                   f"{step}; the checkpoints written so far are kept)")
+  return DataError(f"{data.flag}: bad record in {found} ({split} stopped in the "
+                   f"steps after {step}; the checkpoints written so far are kept)")

@@ -67,6 +67,7 @@ class TFRecords:
 
   @property
   def paths(self) -> tuple:
+    """The files (after `resolve`, which turns globs into paths)."""
     return tuple(self.files)
 
   @property
@@ -80,11 +81,13 @@ class TFRecords:
   def _parsed(self, paths) -> tf.data.Dataset:
     return self.parsed(tf.data.TFRecordDataset(list(paths)))
 
-  def parsed(self, serialized: tf.data.Dataset) -> tf.data.Dataset:
-    """Records, parsed one by one (in order; for checks and evaluation)."""
+  def parsed(self, serialized: tf.data.Dataset, *,
+             batch_size: int = 1) -> tf.data.Dataset:
+    """Records, parsed in order; `parse_batch` runs on batches of `batch_size`
+    (1 where an error must name its record)."""
     if self.parse is not None:
       return serialized.map(self.parse)
-    return serialized.batch(1).map(self.parse_batch).unbatch()
+    return serialized.batch(batch_size).map(self.parse_batch).unbatch()
 
   def parsed_batches(self, serialized: tf.data.Dataset,
                      batch_size: int) -> tf.data.Dataset:
@@ -129,7 +132,7 @@ class TFRecords:
     if shard.record_level:
       return (f"{self.flag}: {len(self.paths)} file(s) < {num_pipelines} input "
               f"pipelines, record-level sharding: pipeline {pipeline_id} reads every "
-              f"file and keeps every {num_pipelines}th record ({names})")
+              f"file and keeps 1 record in {num_pipelines} ({names})")
     return (f"{self.flag}: file-level sharding, input pipeline {pipeline_id} of "
             f"{num_pipelines} reads {len(shard.files)} of {len(self.paths)} files "
             f"({shard.num_examples} records): {names}")
@@ -142,8 +145,8 @@ class Shard:
   Attributes:
     records: the TFRecords.
     files: indices of the files it reads (sorted).
-    pipeline_id: this pipeline, of
-    num_pipelines: the input pipelines (one per worker).
+    pipeline_id: this input pipeline's index.
+    num_pipelines: the number of input pipelines (one per worker).
     record_level: every pipeline reads every file and keeps every
       num_pipelines-th record (fewer files than pipelines).
   """
@@ -198,15 +201,27 @@ class Shard:
       within -= size
     raise AssertionError("position within the epoch is past its records")
 
-  def block_files(self, epoch: int, block: int, *, seed: int, shuffle: bool,
-                  blocks: int = 1) -> list:
-    """Paths of `blocks` blocks from (epoch, block) on (where a bad record is
-    looked for)."""
+  def block_files(self, epoch: int, block: int, *, seed: int,
+                  shuffle: bool) -> list:
+    """Paths of the files of block `block` of epoch `epoch`."""
     k = self.block_size
-    chosen = list(self.file_order(seed, epoch, shuffle).numpy()[block * k:])
-    if len(chosen) < blocks * k:  # The next epoch's first blocks.
-      chosen += list(self.file_order(seed, epoch + 1, shuffle).numpy())
-    return [self.records.paths[self.files[i]] for i in chosen[:blocks * k]]
+    order = self.file_order(seed, epoch, shuffle).numpy()[block * k:(block + 1) * k]
+    return [self.records.paths[self.files[i]] for i in order]
+
+  def files_read(self, position: int, records: int, *, seed: int,
+                 shuffle: bool) -> list:
+    """The files of every block the stream reads from `position` over `records`
+    records, and of the block after (prefetched): where a bad record met in a
+    loop call can be. At most every file of the pipeline, each once."""
+    paths, end = [], position + records
+    while True:
+      epoch, block, skip = self.start(position, seed=seed, shuffle=shuffle)
+      block_paths = self.block_files(epoch, block, seed=seed, shuffle=shuffle)
+      paths += [p for p in block_paths if p not in paths]
+      if position > end or len(paths) >= len(self.files):
+        return paths
+      position += self._kept(sum(self.records.counts[self.records.paths.index(p)]
+                                 for p in block_paths)) - skip
 
   def _block(self, paths, block_seed, *, shuffle: bool, buffer: int):
     """One block's serialized records: interleaved, sharded, shuffled."""
@@ -250,7 +265,8 @@ class Shard:
   def eval_records(self) -> tf.data.Dataset:
     """Every record of this pipeline once, parsed, in file order."""
     paths = [self.records.paths[i] for i in self.files]
-    return self.records.parsed(self._block(paths, None, shuffle=False, buffer=1))
+    return self.records.parsed(self._block(paths, None, shuffle=False, buffer=1),
+                               batch_size=256)
 
 
 def _size(path: str) -> int:
@@ -300,10 +316,13 @@ def read_index(paths) -> Optional[list]:
     folder = os.path.dirname(path)
     if folder not in indexes:
       indexes[folder] = read_index_file(folder)
-    entry = (indexes[folder] or {}).get("files", {}).get(os.path.basename(path))
-    if not isinstance(entry, dict) or entry.get("bytes") != _size(path):
+    try:
+      entry = indexes[folder]["files"][os.path.basename(path)]
+      if entry["bytes"] != _size(path):
+        return None
+      counts.append(int(entry["records"]))
+    except (TypeError, KeyError, ValueError):  # No index, or not one we wrote.
       return None
-    counts.append(int(entry["records"]))
   return counts
 
 

@@ -89,25 +89,29 @@ class Layout:
     return parse_batch
 
 
-def _first_example(path: str, flag: str) -> tf.train.Example:
-  try:
-    for serialized in tf.data.TFRecordDataset(path).take(1):
-      return tf.train.Example.FromString(serialized.numpy())
-  except tf.errors.OpError as e:
-    raise DataError(f"{flag}: {path}: record 0: {records_lib.error_line(e)}") from None
-  except Exception as e:  # A protobuf DecodeError: not a tf.train.Example.
-    raise DataError(f"{flag}: {path}: record 0 is not a tf.train.Example "
-                    f"({type(e).__name__})") from None
-  raise DataError(f"{flag}: {path}: holds no records")
+def _first_example(paths, flag: str) -> tuple:
+  """(path, tf.train.Example) of the first record in `paths`."""
+  for path in paths:
+    try:
+      for serialized in tf.data.TFRecordDataset(path).take(1):
+        return path, tf.train.Example.FromString(serialized.numpy())
+    except tf.errors.OpError as e:
+      raise DataError(f"{flag}: {path}: record 0: "
+                      f"{records_lib.error_line(e)}") from None
+    except Exception as e:  # A protobuf DecodeError: not a tf.train.Example.
+      raise DataError(f"{flag}: {path}: record 0 is not a tf.train.Example "
+                      f"({type(e).__name__})") from None
+  raise DataError(f"{flag}: the {len(paths)} file(s) hold no records")
 
 
-def read_layout(path: str, *, flag: str) -> Layout:
-  """The layout of the data set whose first record is in `path`.
+def read_layout(paths, *, flag: str) -> Layout:
+  """The layout of the data set whose first record is in `paths`.
 
   Raises:
     DataError: naming the file and the missing or unsupported feature.
   """
-  feature = _first_example(path, flag).features.feature
+  path, example = _first_example(paths, flag)
+  feature = example.features.feature
   where = f"{flag}: {path}: record 0"
   for key in (ENCODED, LABEL):
     if key not in feature:
@@ -168,14 +172,20 @@ def load_records(config: Config) -> RecordSource:
       no number of classes (--num_classes or the index).
   """
   paths = records_lib.glob_files(config.train_files, "--train_files")
-  layout = read_layout(paths[0], flag="--train_files")
+  layout = read_layout(paths, flag="--train_files")
   index = records_lib.read_index_file(os.path.dirname(paths[0])) or {}
-  num_classes = config.num_classes or int(index.get("num_classes", 0))
+  try:
+    num_classes = config.num_classes or int(index.get("num_classes", 0))
+    scale = float(index.get("scale", 1 / 255 if layout.dtype == "uint8" else 1.0))
+  except (TypeError, ValueError):
+    raise DataError(f"--train_files: {os.path.dirname(paths[0])}/"
+                    f"{records_lib.INDEX_FILE} has num_classes or scale that are not "
+                    "numbers; rewrite it with scripts/make_tfrecords.py --index"
+                    ) from None
   if num_classes < 1:
     raise DataError(f"--num_classes: needed with --dataset=tfrecord when the shards' "
                     f"folder has no {records_lib.INDEX_FILE} with num_classes (write "
                     "one with scripts/make_tfrecords.py --index)")
-  scale = float(index.get("scale", 1 / 255 if layout.dtype == "uint8" else 1.0))
   parse_batch = layout.batch_parser(num_classes)
   train = records_lib.TFRecords(tuple(paths), parse_batch=parse_batch,
                                 flag="--train_files")

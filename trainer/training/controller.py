@@ -87,16 +87,16 @@ def train_iterator(state: RunState):
       preprocess=state.task.preprocess))
 
 
-def _input_error(state: RunState, step: int):
-  """A DataError naming the bad record that failed the loop call, or None."""
+def _input_error(state: RunState, error, step: int, num_steps: int):
+  """A DataError naming the bad record that failed the loop call of `num_steps`
+  from `step`, or None."""
   config = state.config
-  # This worker's stream position at the step: its share of the global batches.
+  # This worker's stream positions: its share of the global batches.
   num_pipelines, _ = data.input_pipelines(state.strategy)
-  position = (step * config.grad_accum_steps * state.global_batch_size
-              // num_pipelines)
-  return data.input_error(state.strategy, state.train_data, split="train", step=step,
-                          seed=config.seed, shuffle=config.shuffle,
-                          position=position)
+  per_step = config.grad_accum_steps * state.global_batch_size // num_pipelines
+  return data.input_error(state.strategy, state.train_data, error, split="train",
+                          step=step, seed=config.seed, shuffle=config.shuffle,
+                          position=step * per_step, records=num_steps * per_step)
 
 
 class Controller:
@@ -145,8 +145,8 @@ class Controller:
       with self._watchdog.guard(LOOP_CALL, step=step):
         try:
           call = self._dispatch(iterator, num_steps)
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError):
-          error = _input_error(state, step)
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+          error = _input_error(state, e, step, num_steps)
           if error is None:
             raise
           raise error from None

@@ -34,8 +34,8 @@ def evaluate_once(state: RunState) -> dict:
   with state.evaluated_weights():  # The moving averages, with --ema_decay.
     try:
       call_checked(state.eval_loop, iterator, tf.constant(num_batches))
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError):
-      error = data.input_error(state.strategy, state.eval_data, split="eval",
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+      error = data.input_error(state.strategy, state.eval_data, e, split="eval",
                                step=state.step)
       if error is None:
         raise

@@ -57,14 +57,16 @@ def setup(config: Config, task: Task) -> Setup:
   result = Setup(strategy=strategy, is_chief=devices.is_chief(strategy), task=task,
                  train_data=train_data, eval_data=eval_data,
                  per_replica_batch_size=per_replica)
-  num_pipelines, pipeline_id = data.input_pipelines(strategy)
+  num_pipelines, _ = data.input_pipelines(strategy)
   for what, split in (("train", train_data), ("eval", eval_data)):
     if isinstance(split, data.TFRecords):
       if split.note and (result.is_chief or num_pipelines > 1):
         print(split.note, flush=True)
-      if what == "train" and not split.shard(num_pipelines,
-                                              pipeline_id).num_examples:
-        raise DataError(f"{split.flag}: input pipeline {pipeline_id} of "
+      # Every worker checks every pipeline: they all stop, with the same line.
+      empty = [p for p in range(num_pipelines)
+               if not split.shard(num_pipelines, p).num_examples]
+      if what == "train" and empty:
+        raise DataError(f"{split.flag}: input pipeline {empty[0]} of "
                         f"{num_pipelines} gets no records; write more shards")
   if isinstance(train_data, data.ArrayData):
     n, global_batch = train_data.num_examples, result.global_batch_size
