@@ -17,6 +17,9 @@ Variants:
   k_loop         hand-written: K steps per tf.function call (tf.range): the ceiling
   keras_fit      Keras 3 model.fit under the strategy, --steps_per_execution=E
   single_device  the K-step loop with no strategy, same global batch
+  orbit          Orbit's Controller over a StandardTrainer (tf.while_loop of K
+                 steps), the k_loop's step; needs `pip install --no-deps
+                 tf-models-official==2.20.0 tf-keras==2.21.0`
   pipeline       the distributed input alone: next() K times per call, no model
 """
 
@@ -33,7 +36,7 @@ import psutil
 from trainer import tf_loader
 
 VARIANTS = ("trainer", "trainer_quiet", "trainer_dataset", "seed_loop", "k_loop",
-            "keras_fit", "single_device", "pipeline")
+            "keras_fit", "single_device", "orbit", "pipeline")
 
 
 def _since_process_start():
@@ -161,6 +164,59 @@ def run_hand_loop(args, *, k_steps, strategy_free=False):
           "time_to_first_call_s": ttfs}
 
 
+def run_orbit(args):
+  """Orbit's Controller + StandardTrainer: the k_loop's replica step, K steps per
+  controller loop, the same model, data and strategy."""
+  tf = tf_loader.load_tensorflow()
+  import keras  # pylint: disable=g-import-not-at-top
+  import orbit  # pylint: disable=g-import-not-at-top
+  from trainer import data  # pylint: disable=g-import-not-at-top
+  config, strategy, task, dataset = _setup(args)
+  model, optimizer = _model_and_optimizer(config, task, strategy)
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                       reduction="none")
+  with strategy.scope():
+    global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                              aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  class Trainer(orbit.StandardTrainer):
+    """The benchmark's step as an Orbit trainer."""
+
+    def __init__(self):
+      self.loss = tf.Variable(0.0, trainable=False)  # Read once per window.
+      super().__init__(train_dataset=data.distribute(strategy, dataset),
+                       options=orbit.StandardTrainerOptions(use_tf_while_loop=True))
+
+    def train_step(self, iterator):
+      def replica_step(x, y):
+        with tf.GradientTape() as tape:
+          loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)),
+                                            global_batch_size=args.global_batch)
+          scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+      losses = strategy.run(replica_step, args=next(iterator))
+      self.loss.assign(strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None))
+      global_step.assign_add(1)
+
+    def train_loop_end(self):
+      return {}
+
+  controller = orbit.Controller(trainer=Trainer(), strategy=strategy,
+                                global_step=global_step,
+                                steps_per_loop=args.steps_per_loop)
+
+  def run_window():
+    controller.train(steps=int(global_step.numpy()) + args.steps_per_loop)
+    return float(controller.trainer.loss.numpy())
+
+  rates, ttfs = _windows(run_window, args)
+  return {"examples_per_second": statistics.median(rates), "windows": rates,
+          "time_to_first_call_s": ttfs}
+
+
 def run_keras_fit(args):
   import keras  # pylint: disable=g-import-not-at-top
   config, strategy, task, dataset = _setup(args)
@@ -242,6 +298,7 @@ def main():
       "k_loop": lambda: run_hand_loop(args, k_steps=True),
       "keras_fit": lambda: run_keras_fit(args),
       "single_device": lambda: run_hand_loop(args, k_steps=True, strategy_free=True),
+      "orbit": lambda: run_orbit(args),
       "pipeline": lambda: run_pipeline(args),
   }
   try:

@@ -113,3 +113,15 @@ def test_distributed_batches_split_the_global_batch():
   x, _ = next(iter(data.distribute(strategy, dataset)))
   parts = [t.numpy()[:, 0].tolist() for t in strategy.experimental_local_results(x)]
   assert parts == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_shipped_digits_are_scikit_learns():
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  from trainer.config import Config  # pylint: disable=g-import-not-at-top
+  from trainer.tasks import image_data  # pylint: disable=g-import-not-at-top
+  source, digits = image_data.load_source(Config()), load_digits()
+  np.testing.assert_array_equal(
+      np.concatenate([source.x_train, source.x_test])[..., 0], digits.images)
+  np.testing.assert_array_equal(np.concatenate([source.y_train, source.y_test]),
+                                digits.target)
+  assert source.x_train.dtype == np.uint8 and len(source.x_train) == 1437
