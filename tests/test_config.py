@@ -110,3 +110,10 @@ def test_slurm_cluster_comes_from_slurm_environment(monkeypatch):
   assert resolver.cluster_spec().as_dict() == {"worker": ["node1:8888", "node2:8888"]}
   assert (resolver.task_type, resolver.task_id) == ("worker", 1)
   assert resolver.num_accelerators() == {}  # CPU-only: MWMS must not look for GPUs.
+
+
+def test_split_cpu_replicas_share_the_cores():
+  from trainer.distribute import devices  # pylint: disable=g-import-not-at-top
+  assert devices.intra_op_threads(cores=2, replicas=2) == 1
+  assert devices.intra_op_threads(cores=16, replicas=4) == 4
+  assert devices.intra_op_threads(cores=2, replicas=4) == 1  # Never 0 (TF's all).

@@ -128,8 +128,9 @@ class Config:
   gpus: Optional[Sequence[int]] = _field(
       None, "Indices of the GPUs to use, e.g. 0,1. Default: all.")
   memory_growth: bool = _field(True, "Let GPU memory grow instead of taking it all.")
-  intra_op_threads: int = _field(0, "TensorFlow intra-op threads (0 = TF's default).",
-                                 lower=0, upper=MAX_THREADS)
+  intra_op_threads: int = _field(
+      0, "TensorFlow intra-op threads (0 = the usable cores / --cpu_devices when the "
+      "CPU is split into replicas, else TF's default).", lower=0, upper=MAX_THREADS)
   inter_op_threads: int = _field(0, "TensorFlow inter-op threads (0 = TF's default).",
                                  lower=0, upper=MAX_THREADS)
   # Steps and batches.
