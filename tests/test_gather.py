@@ -16,7 +16,7 @@ def test_each_replica_gathers_what_the_distributed_dataset_gives_it():
   gather = data.GatherInput(strategy=strategy, data=arrays, per_replica_batch_size=4,
                             preprocess=lambda f: f * 2.0, **options)
   gathered = tf.function(lambda step: strategy.run(gather.replica_batch,
-                                                   args=(step,)))
+                                                   args=(step, gather.arrays)))
   for step in (0, 5, 6, 13):  # 6 steps an epoch: 6 and 13 are in later epochs.
     dataset = data.train_dataset(arrays, start_step=step, preprocess=lambda f: f * 2.0,
                                  **options)

@@ -175,8 +175,8 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
     totals.add(dict(metrics, loss=loss, examples=batch_size))
     return gradients
 
-  def gathered_replica_step(micro_step_index):
-    return replica_step(*gather.replica_batch(micro_step_index))
+  def gathered_replica_step(micro_step_index, arrays):
+    return replica_step(*gather.replica_batch(micro_step_index, arrays))
 
   def micro_step(iterator, index):
     """One next() (or one in-graph gather per replica, at micro-step `index`) and
@@ -185,7 +185,8 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
       features, labels = next(iterator)
       per_replica_gradients = strategy.run(replica_step, args=(features, labels))
     else:
-      per_replica_gradients = strategy.run(gathered_replica_step, args=(index,))
+      per_replica_gradients = strategy.run(gathered_replica_step,
+                                           args=(index, gather.arrays))
     return strategy.extended.batch_reduce_to(
         _SUM, [(g, v.value) for g, v in zip(per_replica_gradients, variables)])
 
