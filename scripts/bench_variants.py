@@ -116,12 +116,11 @@ def _model_and_optimizer(config, task, strategy):
   return model, optimizer
 
 
-def run_hand_loop(args, *, k_steps, strategy_free=False):
+def _hand_replica_step(args, model, optimizer):
+  """The hand-written loops' step on one replica's batch: the average loss over
+  the global batch, its gradients applied inside the replica function."""
   tf = tf_loader.load_tensorflow()
   import keras  # pylint: disable=g-import-not-at-top
-  from trainer import data  # pylint: disable=g-import-not-at-top
-  config, strategy, task, dataset = _setup(args, strategy_free=strategy_free)
-  model, optimizer = _model_and_optimizer(config, task, strategy)
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                        reduction="none")
 
@@ -133,6 +132,16 @@ def run_hand_loop(args, *, k_steps, strategy_free=False):
     grads = tape.gradient(scaled, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
+
+  return replica_step
+
+
+def run_hand_loop(args, *, k_steps, strategy_free=False):
+  tf = tf_loader.load_tensorflow()
+  from trainer import data  # pylint: disable=g-import-not-at-top
+  config, strategy, task, dataset = _setup(args, strategy_free=strategy_free)
+  model, optimizer = _model_and_optimizer(config, task, strategy)
+  replica_step = _hand_replica_step(args, model, optimizer)
 
   def step(iterator):
     if strategy is None:
@@ -168,13 +177,11 @@ def run_orbit(args):
   """Orbit's Controller + StandardTrainer: the k_loop's replica step, K steps per
   controller loop, the same model, data and strategy."""
   tf = tf_loader.load_tensorflow()
-  import keras  # pylint: disable=g-import-not-at-top
   import orbit  # pylint: disable=g-import-not-at-top
   from trainer import data  # pylint: disable=g-import-not-at-top
   config, strategy, task, dataset = _setup(args)
   model, optimizer = _model_and_optimizer(config, task, strategy)
-  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                       reduction="none")
+  replica_step = _hand_replica_step(args, model, optimizer)
   with strategy.scope():
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -188,15 +195,6 @@ def run_orbit(args):
                        options=orbit.StandardTrainerOptions(use_tf_while_loop=True))
 
     def train_step(self, iterator):
-      def replica_step(x, y):
-        with tf.GradientTape() as tape:
-          loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)),
-                                            global_batch_size=args.global_batch)
-          scaled = optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
       losses = strategy.run(replica_step, args=next(iterator))
       self.loss.assign(strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None))
       global_step.assign_add(1)
