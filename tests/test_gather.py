@@ -15,6 +15,9 @@ def test_each_replica_gathers_what_the_distributed_dataset_gives_it():
   options = dict(global_batch_size=8, seed=4, shuffle=True)
   gather = data.GatherInput(strategy=strategy, data=arrays, per_replica_batch_size=4,
                             preprocess=lambda f: f * 2.0, **options)
+  copies = strategy.experimental_local_results(gather.arrays)
+  assert [c[0].device.split("/")[-1] for c in copies] == ["device:CPU:0",
+                                                          "device:CPU:1"]
   gathered = tf.function(lambda step: strategy.run(gather.replica_batch,
                                                    args=(step, gather.arrays)))
   for step in (0, 5, 6, 13):  # 6 steps an epoch: 6 and 13 are in later epochs.

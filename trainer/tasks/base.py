@@ -131,8 +131,11 @@ class Task:
     return means
 
   def preprocess(self, features):
-    """Maps stored features to model inputs (runs in the input pipeline and in the
-    exported serving function). The default returns them unchanged."""
+    """Maps stored features to model inputs (runs in the input pipeline, or for
+    arrays under --array_input=gather on each replica's batch inside the train
+    step, and in the exported serving function): keep it per-example, with no
+    Python-side or random work (use --array_input=dataset for that). The default
+    returns them unchanged."""
     return features
 
   def checkpoint_items(self) -> dict:

@@ -336,7 +336,8 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                             scratch=_scratch_dir(config, strategy, is_chief),
                             read_only=read_only)
   gather_input = None
-  if config.array_input == "gather" and data.gather_fits(train_data):
+  if (config.array_input == "gather" and config.mode != "eval" and
+      data.gather_fits(train_data, strategy)):
     gather_input = data.GatherInput(
         strategy=strategy, data=train_data, global_batch_size=global_batch,
         per_replica_batch_size=per_replica, seed=config.seed, shuffle=config.shuffle,
