@@ -60,9 +60,8 @@ class PipelineData:
     """Examples of this worker's pipeline (an eval split), counted once per layout."""
     key = (num_pipelines, pipeline_id)
     if key not in self._counts:
-      self._counts[key] = int(self.build(tf.distribute.InputContext(
-          num_pipelines, pipeline_id, num_replicas)).reduce(
-              np.int64(0), lambda n, _: n + 1))
+      self._counts[key] = pipeline.count_elements(self.build(
+          tf.distribute.InputContext(num_pipelines, pipeline_id, num_replicas)))
     return self._counts[key]
 
 
@@ -77,19 +76,12 @@ def check_pipeline_data(value: PipelineData, *, what: str, finite: bool):
   if not isinstance(dataset, tf.data.Dataset):
     raise DataError(f"{what}: the pipeline function must return a tf.data.Dataset, "
                     f"got {type(dataset).__name__}")
+  pipeline.check_dataset(dataset, what=what, finite=finite,
+                         name="the pipeline's dataset", kind="the pipeline's dataset")
   spec = dataset.element_spec
-  if not (isinstance(spec, tuple) and len(spec) == 2):
-    raise DataError(f"{what}: the pipeline's dataset must yield (features, labels) "
-                    f"pairs, got elements {spec}")
-  if not any(True for _ in dataset.take(1)):
-    raise DataError(f"{what}: the pipeline's dataset yields no elements")
-  if finite:
-    if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
-      raise DataError(f"{what}: the pipeline's dataset is infinite; evaluation needs "
-                      "a finite split")
-    if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
-      raise DataError(f"{what}: eval elements need known shapes (padding copies "
-                      f"them), got {spec}")
+  if finite and not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+    raise DataError(f"{what}: eval elements need known shapes (padding copies "
+                    f"them), got {spec}")
 
 
 def is_per_pipeline(data) -> bool:
@@ -116,10 +108,6 @@ def describe(strategy, data):
 
 def _options() -> tf.data.Options:
   return pipeline.dataset_options(tf.data.experimental.AutoShardPolicy.OFF)
-
-
-def _input_options():
-  return tf.distribute.InputOptions(experimental_fetch_to_device=True)
 
 
 def _batches(data, context, *, batch_size, seed, shuffle, shuffle_buffer, position):
@@ -171,7 +159,7 @@ def train_input(strategy, data, *, global_batch_size: int, seed: int, shuffle: b
     dataset = batches.map(lambda features, labels: (preprocess(features), labels))
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
-  return strategy.distribute_datasets_from_function(build, _input_options())
+  return strategy.distribute_datasets_from_function(build, pipeline.input_options())
 
 
 def host_batches(data, *, num_replicas: int, global_batch_size: int, seed: int,
@@ -236,7 +224,7 @@ def eval_input(strategy, data, *, global_batch_size: int, preprocess) -> tuple:
         lambda f, y, w: (preprocess(f), y, w))
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
-  return strategy.distribute_datasets_from_function(build, _input_options()), \
+  return strategy.distribute_datasets_from_function(build, pipeline.input_options()), \
       num_batches
 
 

@@ -62,6 +62,36 @@ class StreamData:
     raise AssertionError("as_task_data checked that the stream is not empty")
 
 
+def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool, name: str,
+                  kind: str):
+  """Checks a task's dataset of (features, labels) elements.
+
+  Args:
+    dataset: the dataset.
+    what: where it came from, for errors.
+    finite: it must be finite (an eval split).
+    name: what the errors call it ("the dataset").
+    kind: what the error on its elements says must yield pairs.
+
+  Raises:
+    DataError: its elements are not pairs, it has none, or (finite) it is
+      infinite.
+  """
+  spec = dataset.element_spec
+  if not (isinstance(spec, tuple) and len(spec) == 2):
+    raise DataError(f"{what}: {kind} must yield (features, labels) pairs, got "
+                    f"elements {spec}")
+  if not any(True for _ in dataset.take(1)):
+    raise DataError(f"{what}: {name} yields no elements")
+  if finite and int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+    raise DataError(f"{what}: {name} is infinite; evaluation needs a finite split")
+
+
+def count_elements(dataset: tf.data.Dataset) -> int:
+  """Reads a finite dataset to count its elements (in-graph, fast)."""
+  return int(dataset.reduce(np.int64(0), lambda count, _: count + 1))
+
+
 def as_task_data(value, *, what: str, finite: bool = False):
   """Checks a task's data: ArrayData, StreamData, TFRecords or PipelineData.
 
@@ -85,20 +115,13 @@ def as_task_data(value, *, what: str, finite: bool = False):
     inputs.check_pipeline_data(value, what=what, finite=finite)
     return value
   if isinstance(value, tf.data.Dataset):
-    spec = value.element_spec
-    if not (isinstance(spec, tuple) and len(spec) == 2):
-      raise DataError(f"{what}: a tf.data.Dataset must yield (features, labels) "
-                      f"pairs, got elements {spec}")
-    if not any(True for _ in value.take(1)):
-      raise DataError(f"{what}: the dataset yields no elements")
+    check_dataset(value, what=what, finite=finite, name="the dataset",
+                  kind="a tf.data.Dataset")
     if not finite:
       return StreamData(value)
     cardinality = int(value.cardinality())
-    if cardinality == tf.data.INFINITE_CARDINALITY:
-      raise DataError(f"{what}: the dataset is infinite; evaluation needs a finite "
-                      "split")
     if cardinality < 0:  # Unknown: count it.
-      cardinality = int(value.reduce(np.int64(0), lambda count, _: count + 1))
+      cardinality = count_elements(value)
     return StreamData(value, num_examples=cardinality)
   if not (isinstance(value, (tuple, list)) and len(value) == 2):
     raise DataError(f"{what}: must return (features, labels) arrays or a "
@@ -274,7 +297,11 @@ def eval_dataset(data, *, global_batch_size: int, preprocess=_identity):
   return dataset.prefetch(tf.data.AUTOTUNE).with_options(dataset_options()), num_batches
 
 
+def input_options() -> tf.distribute.InputOptions:
+  """How distributed input reaches the replicas: prefetched to their devices."""
+  return tf.distribute.InputOptions(experimental_fetch_to_device=True)
+
+
 def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
   """Splits each global batch into one per-replica batch per replica."""
-  return strategy.experimental_distribute_dataset(
-      dataset, tf.distribute.InputOptions(experimental_fetch_to_device=True))
+  return strategy.experimental_distribute_dataset(dataset, input_options())

@@ -34,6 +34,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from trainer.data.pipeline import count_elements
 from trainer.errors import DataError
 
 INDEX_FILE = "dataset.json"  # Records per file (and a data set's facts), per folder.
@@ -344,7 +345,7 @@ def count_records(path: str, *, flag: str) -> int:
     DataError: naming the file and the first corrupt record.
   """
   try:
-    return int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda n, _: n + 1))
+    return count_elements(tf.data.TFRecordDataset(path))
   except tf.errors.OpError:
     raise DataError(f"{flag}: {bad_record(path, records=None)}") from None
 
@@ -356,7 +357,7 @@ def bad_record(path: str, *, records: Optional[TFRecords]) -> Optional[str]:
   if records is not None:
     dataset = records.parsed(dataset)
   try:
-    dataset.reduce(np.int64(0), lambda n, _: n + 1)  # Fast: in-graph.
+    count_elements(dataset)  # Fast: in-graph.
     return None
   except tf.errors.OpError:
     pass
