@@ -115,11 +115,13 @@ class Controller:
     self._watchdog = watchdog
     self._calls = 0
 
-  def _dispatch(self, iterator, num_steps: int) -> LoopCall:
+  def _dispatch(self, iterator, num_steps: int, *, step: int) -> LoopCall:
     state = self._state
     start = time.perf_counter()
     outputs = {k: v.numpy() for k, v in call_checked(
-        state.train_loop, iterator, tf.constant(num_steps)).items()}
+        state.train_loop, iterator, tf.constant(num_steps),
+        explain_input_error=lambda e: _input_error(state, e, step, num_steps)
+    ).items()}
     seconds = time.perf_counter() - start
     self._calls += 1
     examples = max(float(outputs["examples"]), 1.0)
@@ -143,13 +145,7 @@ class Controller:
     while step < config.train_steps:
       num_steps = min(steps_per_loop, next_stop(step, config) - step)
       with self._watchdog.guard(LOOP_CALL, step=step):
-        try:
-          call = self._dispatch(iterator, num_steps)
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-          error = _input_error(state, e, step, num_steps)
-          if error is None:
-            raise
-          raise error from None
+        call = self._dispatch(iterator, num_steps, step=step)
       step = call.step
       self._watchdog.completed(step)
       outcome = self._run_actions(call)

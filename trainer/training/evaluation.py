@@ -32,14 +32,10 @@ def evaluate_once(state: RunState) -> dict:
       preprocess=state.task.preprocess)
   iterator = iter(dataset)
   with state.evaluated_weights():  # The moving averages, with --ema_decay.
-    try:
-      call_checked(state.eval_loop, iterator, tf.constant(num_batches))
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-      error = data.input_error(state.strategy, state.eval_data, e, split="eval",
-                               step=state.step)
-      if error is None:
-        raise
-      raise error from None
+    call_checked(state.eval_loop, iterator, tf.constant(num_batches),
+                 explain_input_error=lambda e: data.input_error(
+                     state.strategy, state.eval_data, e, split="eval",
+                     step=state.step))
   state.eval_ledger.check(expected_batches=num_batches,
                           per_replica_batch_size=state.per_replica_batch_size)
   totals = state.eval_totals.read()

@@ -46,13 +46,17 @@ def replica_batch_error(error: tf.errors.InvalidArgumentError):
       "size is not per_replica_batch_size x replicas)")
 
 
-def call_checked(loop, *args):
+def call_checked(loop, *args, explain_input_error=None):
   """Calls a train or eval loop; its in-graph batch assertion becomes a
-  ReplicaBatchError naming the replica (other errors pass through)."""
+  ReplicaBatchError naming the replica, and an error `explain_input_error(error)`
+  explains (a bad record: a DataError) becomes that error; others pass through."""
   try:
     return loop(*args)
-  except tf.errors.InvalidArgumentError as e:
-    error = replica_batch_error(e)
+  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+    error = (replica_batch_error(e) if isinstance(e, tf.errors.InvalidArgumentError)
+             else None)
+    if error is None and explain_input_error is not None:
+      error = explain_input_error(e)
     if error is None:
       raise
     raise error from None
