@@ -17,7 +17,6 @@ the same number of eval steps.
 import dataclasses
 from typing import Callable
 
-import numpy as np
 import tensorflow as tf
 
 from trainer.data import pipeline

@@ -31,7 +31,6 @@ import re
 import time
 from typing import Callable, Optional, Sequence, Union
 
-import numpy as np
 import tensorflow as tf
 
 from trainer.data.pipeline import count_elements
