@@ -114,12 +114,15 @@ class Controller:
     self._actions = actions
     self._watchdog = watchdog
     self._calls = 0
+    self._num_steps = {}  # num_steps -> its tensor: a new constant costs an eager op.
 
   def _dispatch(self, iterator, num_steps: int, *, step: int) -> LoopCall:
     state = self._state
+    if num_steps not in self._num_steps:
+      self._num_steps[num_steps] = tf.constant(num_steps)
     start = time.perf_counter()
     outputs = {k: v.numpy() for k, v in call_checked(
-        state.train_loop, iterator, tf.constant(num_steps),
+        state.train_loop, iterator, self._num_steps[num_steps],
         explain_input_error=lambda e: _input_error(state, e, step, num_steps)
     ).items()}
     seconds = time.perf_counter() - start
