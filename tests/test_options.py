@@ -199,11 +199,21 @@ def test_warm_start_refuses_a_checkpoint_where_nothing_fits(tmp_path):
 
 
 # 8. Profiler.
-def test_profile_steps_write_a_trace(model_dir):
-  trainer.train(Config(model_dir=model_dir, train_steps=12, profile_steps=(5, 8),
-                       **SGD))
-  assert glob.glob(os.path.join(model_dir, "train", "plugins", "profile", "*",
-                                "*.xplane.pb"))
+def test_profile_steps_write_a_trace_and_where_a_step_went(model_dir, capsys):
+  results = trainer.train(Config(model_dir=model_dir, train_steps=12,
+                                 profile_steps=(5, 8), cpu_devices=2, **SGD))
+  [trace] = glob.glob(os.path.join(model_dir, "train", "plugins", "profile", "*",
+                                   "*.xplane.pb"))
+  breakdown = read_results(model_dir)["profile"]
+  assert breakdown == results["profile"] and breakdown["trace"] == trace
+  assert breakdown["steps"] == 4 and breakdown["loop_calls"] >= 1
+  ops = breakdown["op_ms_per_step"]
+  # The step's name scopes reach the trace: the gathered input, the two replicas'
+  # forward and backward passes, their gradients' sum and the update.
+  for part in ("input", "forward_backward", "all_reduce", "optimizer"):
+    assert ops[part] > 0, (part, ops)
+  assert ops["forward_backward"] == max(ops.values())
+  assert "profile of 4 steps: " in capsys.readouterr().out
 
 
 # 9. Time budget.

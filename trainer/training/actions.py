@@ -17,7 +17,7 @@ from trainer.outputs import run_dir
 from trainer.outputs.progress import Progress
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries
-from trainer.training import divergence, evaluation
+from trainer.training import divergence, evaluation, profile
 from trainer.training.controller import ROLLED_BACK, LoopCall
 from trainer.training.state import RunState
 
@@ -221,16 +221,21 @@ class Evaluator:
 
 class Profiler:
   """--profile_steps=A,B: a TensorFlow profiler trace of the loop calls running
-  steps A to B (loop calls end at A - 1 and B), under MODEL_DIR/train."""
+  steps A to B (loop calls end at A - 1 and B), under MODEL_DIR/train. When the
+  window is complete, where a step's time went (training.profile) goes to
+  results.json ("profile") and to one progress line."""
 
-  def __init__(self, state: RunState):
-    self._state = state
+  def __init__(self, state: RunState, results: Results, progress: Progress):
+    self._state, self._results, self._progress = state, results, progress
     self._window = tuple(state.config.profile_steps)
     self._active = False
 
+  def _log_dir(self):
+    return os.path.join(self._state.config.model_dir, "train")
+
   def _start(self):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.profiler.experimental.start(os.path.join(self._state.config.model_dir, "train"))
+    tf.profiler.experimental.start(self._log_dir())
     self._active = True
 
   def close(self):
@@ -239,6 +244,17 @@ class Profiler:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       tf.profiler.experimental.stop()
       self._active = False
+
+  def _report(self):
+    trace = profile.latest_trace(self._log_dir())
+    try:
+      breakdown = profile.step_breakdown(
+          trace, steps=self._window[1] - self._window[0] + 1)
+    except (OSError, TypeError, ValueError, ImportError) as e:  # Never fails a run.
+      self._progress.say(f"note: no step breakdown from the profile ({e})")
+      return
+    self._results.data["profile"] = dict(breakdown, trace=trace)
+    self._progress.say(profile.describe(breakdown))
 
   def before_training(self):
     if self._window and self._state.is_chief and self._state.step == self._window[0] - 1:
@@ -249,6 +265,7 @@ class Profiler:
       return
     if self._active and call.step >= self._window[1]:
       self.close()
+      self._report()
     elif not self._active and call.step == self._window[0] - 1:
       self._start()
 

@@ -202,7 +202,7 @@ def _train_watched(state: RunState, results: Results, watchdog: HangWatchdog, *,
       state.save_checkpoint()  # A rollback target and an eval-able step 0.
   evaluator = actions.Evaluator(state=state, results=results, summaries=summaries,
                                 progress=progress, best_metric=best)
-  profiler = actions.Profiler(state)
+  profiler = actions.Profiler(state, results, progress)
 
   def stopping(during: str) -> bool:
     """A signal came (before or) during `during`: every worker agrees to stop."""

@@ -1,11 +1,13 @@
 """The tf.function train and eval loops around a task's model, loss and metrics.
 
-One step is one `next(iterator)` on the distributed iterator and one `strategy.run`:
-every replica gets exactly one batch, asserted in-graph. Gradients come back from the
+One step is one `next(iterator)` on the distributed iterator (or, for arrays, one
+in-graph gather per replica: data.GatherInput) and one `strategy.run`: every replica
+gets exactly one batch, asserted in-graph. Gradients come back from the
 replicas unreduced; the outer function all-reduces them once (`batch_reduce_to`, SUM,
 which equals single-device gradients because the loss is averaged over the global
 batch), takes their global norm and applies them. K steps run per call, K a tensor,
-so changing K never retraces.
+so changing K never retraces. The parts of a step run in name scopes that a
+profiler trace is broken down by (trainer.training.profile).
 """
 
 import dataclasses
@@ -15,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from trainer.errors import ReplicaBatchError
+from trainer.training import profile
 
 _BATCH_CHECK = "per-replica batch check failed"
 _SUM = tf.distribute.ReduceOp.SUM
@@ -155,16 +158,17 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
   update_batch_size = global_batch_size * rule.accum_steps
 
   def forward_backward(features, labels):
-    with tf.GradientTape() as tape:
-      outputs = float32_outputs(model(features, training=True))
-      per_example = _per_example(task.loss(labels, outputs))
-      loss = tf.nn.compute_average_loss(per_example,
-                                        global_batch_size=update_batch_size)
-      if model.losses:
-        loss += tf.nn.scale_regularization_loss(
-            tf.cast(tf.add_n(model.losses), tf.float32)) / rule.accum_steps
-      scaled_loss = optimizer.scale_loss(loss)
-    gradients = tape.gradient(scaled_loss, variables)
+    with tf.name_scope(profile.FORWARD_BACKWARD):
+      with tf.GradientTape() as tape:
+        outputs = float32_outputs(model(features, training=True))
+        per_example = _per_example(task.loss(labels, outputs))
+        loss = tf.nn.compute_average_loss(per_example,
+                                          global_batch_size=update_batch_size)
+        if model.losses:
+          loss += tf.nn.scale_regularization_loss(
+              tf.cast(tf.add_n(model.losses), tf.float32)) / rule.accum_steps
+        scaled_loss = optimizer.scale_loss(loss)
+      gradients = tape.gradient(scaled_loss, variables)
     metrics = {name: tf.reduce_sum(_per_example(values))
                for name, values in task.metrics(labels, outputs).items()}
     return gradients, loss, metrics
@@ -180,19 +184,23 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
     return gradients
 
   def gathered_replica_step(micro_step_index, arrays):
-    return replica_step(*gather.replica_batch(micro_step_index, arrays))
+    with tf.name_scope(profile.INPUT):
+      batch = gather.replica_batch(micro_step_index, arrays)
+    return replica_step(*batch)
 
   def micro_step(iterator, index):
     """One next() (or one in-graph gather per replica, at micro-step `index`) and
     one strategy.run: the all-reduced gradients of a batch."""
     if gather is None:
-      features, labels = next(iterator)
+      with tf.name_scope(profile.INPUT):
+        features, labels = next(iterator)
       per_replica_gradients = strategy.run(replica_step, args=(features, labels))
     else:
       per_replica_gradients = strategy.run(gathered_replica_step,
                                            args=(index, gather.arrays))
-    return strategy.extended.batch_reduce_to(
-        _SUM, [(g, v.value) for g, v in zip(per_replica_gradients, variables)])
+    with tf.name_scope(profile.ALL_REDUCE):
+      return strategy.extended.batch_reduce_to(
+          _SUM, [(g, v.value) for g, v in zip(per_replica_gradients, variables)])
 
   def train_step(iterator, diagnosis=None):
     """One update; fills `diagnosis` (a dict) with its gradients when given."""
@@ -218,7 +226,8 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
                                             use_norm=norm * scale)
     if rule.rate_variable is not None:
       rule.rate_variable.assign(rule.rate_base * rule.rate_factor(global_step))
-    optimizer.apply(gradients, variables)
+    with tf.name_scope(profile.OPTIMIZER):
+      optimizer.apply(gradients, variables)
     for average, variable in zip(rule.ema_variables, variables):
       average.assign(rule.ema_decay * average + (1.0 - rule.ema_decay) * variable)
     global_step.assign_add(1)
