@@ -67,3 +67,20 @@ def test_ratios_and_targets_are_computed_from_the_medians():
   ratios = benchmark.ratios(merged)
   assert ratios["trainer / k_loop"] == 1.0
   assert ratios["trainer / keras_fit"] is None  # A failed side is no ratio.
+
+
+def test_profile_steps_tabulates_where_a_step_goes(tmp_path):
+  out = tmp_path / "profile.json"
+  result = subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "profile_steps.py"),
+       "--datasets=digits", "--replicas=2", "--array_input=gather", f"--json={out}"],
+      cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600,
+      check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  [row] = json.loads(out.read_text())
+  breakdown = row["profile"]
+  assert breakdown["steps"] == 60 and breakdown["loop_calls"] == 3
+  for part in ("input", "forward_backward", "all_reduce", "optimizer"):
+    assert breakdown["op_ms_per_step"][part] > 0, part
+  assert breakdown["host_ms_between_calls"] > 0
+  assert "| cnn | digits | 2 | gather | " in result.stdout

@@ -26,9 +26,10 @@ def test_ops_are_attributed_by_name_scope(event, part):
   assert profile.categorize(event) == part
 
 
-def _trace(path, *, calls, ops, executor=()):
+def _trace(path, *, calls, ops, executor=(), data_ops=()):
   """Writes an XSpace: `calls` (start_us, duration_us) of train_loop on the main
-  thread, `ops` (name, start_us, duration_us) on an executor thread."""
+  thread, `ops` (name, start_us, duration_us) on an executor thread, `data_ops`
+  on a tf.data thread."""
   space = xplane_pb2.XSpace()
   plane = space.planes.add(name="/host:CPU")
   names = {}
@@ -49,6 +50,9 @@ def _trace(path, *, calls, ops, executor=()):
     add(executor_line, name, start, duration)
   for start, duration in executor:
     add(executor_line, "ExecutorState::Process", start, duration)
+  data_line = plane.lines.add(name="tf_data_private_threadpool/3", timestamp_ns=1000)
+  for name, start, duration in data_ops:
+    add(data_line, name, start, duration)
   path.write_bytes(space.SerializeToString())
   return str(path)
 
@@ -62,19 +66,24 @@ def test_step_breakdown_sums_ops_inside_loop_calls_per_step(tmp_path):
       ("x/_5:_Send", 6000, 100),
       ("global_norm/Sum:Sum", 7000, 100),
       ("write_summary:WriteSummary", 4500, 999),  # Between calls: not a step's.
-  ], executor=[(100, 3000), (5100, 2000)])
+  ], executor=[(100, 3000), (5100, 2000)], data_ops=[
+      ("GatherV2:GatherV2", 1000, 100),  # A pipeline function's op: input.
+      ("Iterator::Root::Prefetch", 1000, 3000),  # tf.data's span, not an op.
+  ])
   breakdown = profile.step_breakdown(trace, steps=4)
   assert breakdown["loop_calls"] == 2
   assert breakdown["wall_ms_per_step"] == 2.0  # 8 ms in train_loop, 4 steps.
   assert breakdown["op_ms_per_step"] == {
-      "input": 0.05, "forward_backward": 0.4, "all_reduce": 0.0, "optimizer": 0.1,
+      "input": 0.075, "forward_backward": 0.4, "all_reduce": 0.0, "optimizer": 0.1,
       "copies": 0.025, "bookkeeping": 0.025}
-  assert breakdown["op_share"]["forward_backward"] == 0.6667  # 1.6 of 2.4 ms.
+  assert breakdown["op_share"]["forward_backward"] == 0.64  # 1.6 of 2.5 ms.
   # The executor's 5 ms around 2.4 ms of ops inside the calls: 2.6 ms / 4 steps.
   assert breakdown["executor_ms_per_step"] == 0.65
+  assert breakdown["host_ms_between_calls"] == 1.0  # From 4 ms to 5 ms.
   line = profile.describe(breakdown)
   assert line.startswith("profile of 4 steps: 2.000 ms per step in train_loop;")
   assert "forward_backward 0.400" in line and "executor dispatch 0.650" in line
+  assert line.endswith("; host between calls 1.000 ms")
 
 
 def test_a_trace_without_a_train_loop_call_is_an_error(tmp_path):
