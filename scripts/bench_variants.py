@@ -15,6 +15,10 @@ Variants:
                  instead of the in-graph gather
   seed_loop      hand-written: one strategy.run per tf.function call (the seed's shape)
   k_loop         hand-written: K steps per tf.function call (tf.range): the ceiling
+  k_loop_outside the k_loop with trainer's step shape: the replicas return their
+                 gradients, the outer function all-reduces them once
+                 (batch_reduce_to) and applies them (k_loop applies them inside the
+                 replica function)
   keras_fit      Keras 3 model.fit under the strategy, --steps_per_execution=E
   single_device  the K-step loop with no strategy, same global batch
   orbit          Orbit's Controller over a StandardTrainer (tf.while_loop of K
@@ -36,7 +40,7 @@ import psutil
 from trainer import tf_loader
 
 VARIANTS = ("trainer", "trainer_quiet", "trainer_dataset", "seed_loop", "k_loop",
-            "keras_fit", "single_device", "orbit", "pipeline")
+            "k_loop_outside", "keras_fit", "single_device", "orbit", "pipeline")
 
 
 def _since_process_start():
@@ -116,9 +120,10 @@ def _model_and_optimizer(config, task, strategy):
   return model, optimizer
 
 
-def _hand_replica_step(args, model, optimizer):
+def _hand_replica_step(args, model, optimizer, *, apply_inside=True):
   """The hand-written loops' step on one replica's batch: the average loss over
-  the global batch, its gradients applied inside the replica function."""
+  the global batch, its gradients applied inside the replica function (or, with
+  apply_inside=False, returned with the loss for the caller to all-reduce)."""
   tf = tf_loader.load_tensorflow()
   import keras  # pylint: disable=g-import-not-at-top
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
@@ -130,24 +135,34 @@ def _hand_replica_step(args, model, optimizer):
                                         global_batch_size=args.global_batch)
       scaled = optimizer.scale_loss(loss)
     grads = tape.gradient(scaled, model.trainable_variables)
+    if not apply_inside:
+      return loss, grads
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
   return replica_step
 
 
-def run_hand_loop(args, *, k_steps, strategy_free=False):
+def run_hand_loop(args, *, k_steps, strategy_free=False, apply_inside=True):
   tf = tf_loader.load_tensorflow()
   from trainer import data  # pylint: disable=g-import-not-at-top
   config, strategy, task, dataset = _setup(args, strategy_free=strategy_free)
   model, optimizer = _model_and_optimizer(config, task, strategy)
-  replica_step = _hand_replica_step(args, model, optimizer)
+  replica_step = _hand_replica_step(args, model, optimizer, apply_inside=apply_inside)
+  variables = model.trainable_variables
+  sum_ = tf.distribute.ReduceOp.SUM
 
   def step(iterator):
     if strategy is None:
       return replica_step(*next(iterator))
-    losses = strategy.run(replica_step, args=next(iterator))
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+    if apply_inside:
+      losses = strategy.run(replica_step, args=next(iterator))
+      return strategy.reduce(sum_, losses, axis=None)
+    losses, grads = strategy.run(replica_step, args=next(iterator))
+    grads = strategy.extended.batch_reduce_to(
+        sum_, [(g, v.value) for g, v in zip(grads, variables)])
+    optimizer.apply(grads, variables)
+    return strategy.reduce(sum_, losses, axis=None)
 
   iterator = iter(dataset if strategy is None else data.distribute(strategy, dataset))
   if k_steps:
@@ -294,6 +309,7 @@ def main():
                                              array_input="dataset"),
       "seed_loop": lambda: run_hand_loop(args, k_steps=False),
       "k_loop": lambda: run_hand_loop(args, k_steps=True),
+      "k_loop_outside": lambda: run_hand_loop(args, k_steps=True, apply_inside=False),
       "keras_fit": lambda: run_keras_fit(args),
       "single_device": lambda: run_hand_loop(args, k_steps=True, strategy_free=True),
       "orbit": lambda: run_orbit(args),

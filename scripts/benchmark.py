@@ -27,7 +27,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "scripts", "bench_variants.py")
 VARIANTS = ("trainer", "trainer_quiet", "trainer_dataset", "seed_loop", "k_loop",
-            "keras_fit", "single_device", "orbit", "pipeline")
+            "k_loop_outside", "keras_fit", "single_device", "orbit", "pipeline")
 # (name, variant, extra worker flags): each fast-path flag, on one configuration.
 FAST_PATHS = (("trainer", "trainer", []),
               ("trainer --mixed_precision=mixed_bfloat16", "trainer",
@@ -115,6 +115,7 @@ def ratios(by_variant: dict) -> dict:
     return value if isinstance(value, (int, float)) and value > 0 else None
   out = {}
   for name in [t for t, _, _ in TARGETS] + ["k_loop / single_device",
+                                            "k_loop_outside / k_loop",
                                             "trainer / trainer_quiet",
                                             "pipeline / trainer"]:
     top, bottom = (speed(n.strip()) for n in name.split("/"))

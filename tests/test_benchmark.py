@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, cli_env
 
-pytestmark = pytest.mark.slow  # Seven short benchmark processes: about a minute.
+pytestmark = pytest.mark.slow  # Ten short benchmark processes: about a minute.
 
 
 def _load_benchmark():
@@ -35,7 +35,7 @@ def test_quick_benchmark_reports_every_variant(tmp_path):
   # Orbit is optional (not in the test extra): run where it is installed.
   orbit = {"orbit"} if importlib.util.find_spec("orbit") else set()
   assert set(config["variants"]) == {"trainer", "trainer_quiet", "trainer_dataset",
-                                     "seed_loop", "k_loop", "keras_fit",
+                                     "seed_loop", "k_loop", "k_loop_outside", "keras_fit",
                                      "single_device", "pipeline"} | orbit
   for name, variant in config["variants"].items():
     assert "error" not in variant, (name, variant)
