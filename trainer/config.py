@@ -73,7 +73,7 @@ class Config:
   task_params: Tuple[Tuple[str, Any], ...] = _field(
       (), "The task's hyperparameters as (name, value) pairs.", flag=False)
   # Data (of the classification task).
-  dataset: str = _field("digits", "Classification: digits (8x8, ships with scikit-learn, offline), "
+  dataset: str = _field("digits", "Classification: digits (8x8, scikit-learn's, shipped inside trainer, offline), "
                         "mnist, npz (any .npz with x_train, y_train, x_test, y_test), "
                         "synthetic, or tfrecord (--train_files, --eval_files).",
                         choices=DATASETS, layout=True)
