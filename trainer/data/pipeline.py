@@ -228,6 +228,7 @@ def train_dataset(data, *, global_batch_size: int, seed: int, shuffle: bool,
   return dataset.prefetch(tf.data.AUTOTUNE).with_options(dataset_options())
 
 
+@tf.autograph.experimental.do_not_convert
 def example_indices(positions, *, num_examples: int, global_batch_size: int,
                     seed: int, shuffle: bool):
   """The training-set indices of the examples at stream `positions` (one global

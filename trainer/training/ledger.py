@@ -31,11 +31,13 @@ class ReplicaLedger:
     self.total_batches = np.zeros(num_replicas, np.int64)
     self.total_examples = np.zeros(num_replicas, np.int64)
 
+  @tf.autograph.experimental.do_not_convert
   def reset(self):
     """Zeroes this replica's counts (call through strategy.run)."""
     self.batches.assign(tf.zeros_like(self.batches))
     self.examples.assign(tf.zeros_like(self.examples))
 
+  @tf.autograph.experimental.do_not_convert
   def record(self, batch_size):
     """Records one batch of `batch_size` examples for the calling replica."""
     replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -79,11 +81,13 @@ class Totals:
   def __init__(self, *names):
     self.variables = {n: _on_read_zeros([], f"total_{n}") for n in names}
 
+  @tf.autograph.experimental.do_not_convert
   def reset(self):
     """Zeroes this replica's parts (call through strategy.run)."""
     for variable in self.variables.values():
       variable.assign(tf.zeros_like(variable))
 
+  @tf.autograph.experimental.do_not_convert
   def add(self, values: dict):
     for name, value in values.items():
       self.variables[name].assign_add(tf.cast(value, tf.float32))
@@ -91,6 +95,7 @@ class Totals:
   def read(self) -> dict:
     return {n: float(v.numpy()) for n, v in self.variables.items()}
 
+  @tf.autograph.experimental.do_not_convert
   def values(self) -> dict:
     """The sums as tensors (in a cross-replica tf.function: reduced in-graph)."""
     return {n: v.read_value() for n, v in self.variables.items()}

@@ -21,6 +21,7 @@ import math
 import tensorflow as tf
 
 
+@tf.autograph.experimental.do_not_convert
 def rate_factor(step, *, schedule: str, warmup_steps: int, decay_steps: int,
                 min_ratio: float, factor: float, boundaries=()):
   """The factor of the rate applied at `step` (0-based), as a float32 tensor.
@@ -64,6 +65,7 @@ def config_rate_factor(config):
   min_ratio = (config.min_learning_rate / config.learning_rate
                if config.learning_rate else 0.0)
 
+  @tf.autograph.experimental.do_not_convert
   def factor_at(step):
     return rate_factor(step, schedule=config.lr_schedule,
                        warmup_steps=config.warmup_steps,
