@@ -1,16 +1,16 @@
 #!/usr/bin/env python
 """Where a train step's time goes: TensorFlow profiler traces, broken down.
 
-  python scripts/profile_steps.py                      # the README's table (~2 min)
+  python scripts/profile_steps.py                      # the README's table (~1 min)
   python scripts/profile_steps.py --replicas=2 --array_input=gather --json=p.json
 
 Each configuration is one `python -m trainer.main` run of the benchmark's model and
 data (Adam, 32 examples per replica, K=20) with --profile_steps over three loop
 calls after warm-up; the run reads its own trace (trainer.training.profile) and this
 script tabulates, per step: the wall time inside train_loop calls, the op time of
-each part of the step (summed over threads, so replicas that run side by side can
-add up to more than the wall time), the executor's dispatch time, and the host's
-time between loop calls.
+each part of the step (self times, summed over threads, so replicas that run side
+by side can add up to more than the wall time), the executor's dispatch time, the
+executor threads' other time, and the host's time between loop calls.
 """
 
 import argparse
@@ -53,7 +53,7 @@ def profile_run(*, model, dataset, replicas, array_input, timeout):
 
 def render(rows) -> str:
   header = ["model", "data", "replicas", "input path", "ms per step", *PARTS,
-            "executor", "host between calls (ms per call)"]
+            "executor", "other", "host between calls (ms per call)"]
   lines = ["| " + " | ".join(header) + " |",
            "|" + "---|" * 4 + "---:|" * (len(header) - 4)]
   for row in rows:
@@ -65,7 +65,8 @@ def render(rows) -> str:
     host = b["host_ms_between_calls"]
     cells += [f"{b['wall_ms_per_step']:.3f}",
               *(f"{b['op_ms_per_step'][p]:.3f}" for p in PARTS),
-              f"{b['executor_ms_per_step']:.3f}", "-" if host is None else f"{host:.2f}"]
+              f"{b['executor_ms_per_step']:.3f}", f"{b['other_ms_per_step']:.3f}",
+              "-" if host is None else f"{host:.2f}"]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 

@@ -216,6 +216,23 @@ def test_profile_steps_write_a_trace_and_where_a_step_went(model_dir, capsys):
   assert "profile of 4 steps: " in capsys.readouterr().out
 
 
+def test_a_trace_that_cannot_be_read_does_not_fail_the_run(model_dir, capsys,
+                                                          monkeypatch):
+  from google.protobuf.message import DecodeError  # pylint: disable=g-import-not-at-top
+
+  from trainer.training import profile  # pylint: disable=g-import-not-at-top
+
+  def corrupt(*unused_args, **unused_kwargs):
+    raise DecodeError("Error parsing message")
+
+  monkeypatch.setattr(profile, "step_breakdown", corrupt)
+  results = trainer.train(Config(model_dir=model_dir, train_steps=8,
+                                 profile_steps=(3, 4), **SGD))
+  assert results["status"] == "completed" and "profile" not in results
+  assert ("note: no step breakdown from the profile (DecodeError: Error parsing "
+          "message)") in capsys.readouterr().out
+
+
 # 9. Time budget.
 def test_max_time_stops_with_a_checkpoint_and_a_rerun_resumes(model_dir):
   args = [f"--model_dir={model_dir}", "--model=mlp", "--optimizer=sgd",

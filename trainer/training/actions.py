@@ -229,6 +229,7 @@ class Profiler:
     self._state, self._results, self._progress = state, results, progress
     self._window = tuple(state.config.profile_steps)
     self._active = False
+    self._calls = 0
 
   def _log_dir(self):
     return os.path.join(self._state.config.model_dir, "train")
@@ -246,12 +247,20 @@ class Profiler:
       self._active = False
 
   def _report(self):
-    trace = profile.latest_trace(self._log_dir())
     try:
+      trace = profile.latest_trace(self._log_dir())
       breakdown = profile.step_breakdown(
           trace, steps=self._window[1] - self._window[0] + 1)
-    except (OSError, TypeError, ValueError, ImportError) as e:  # Never fails a run.
-      self._progress.say(f"note: no step breakdown from the profile ({e})")
+    except Exception as e:  # pylint: disable=broad-except
+      # A trace that cannot be read (corrupt, too large, none) never fails a run.
+      self._progress.say(f"note: no step breakdown from the profile "
+                         f"({type(e).__name__}: {e})")
+      return
+    if breakdown["loop_calls"] != self._calls:
+      self._progress.say(
+          f"note: no step breakdown from the profile: it holds "
+          f"{breakdown['loop_calls']} loop calls, not the {self._calls} of steps "
+          f"{self._window[0]}-{self._window[1]} (a rollback inside the window)")
       return
     self._results.data["profile"] = dict(breakdown, trace=trace)
     self._progress.say(profile.describe(breakdown))
@@ -263,6 +272,8 @@ class Profiler:
   def __call__(self, call: LoopCall):
     if not self._window or not self._state.is_chief:
       return
+    if self._active:
+      self._calls += 1  # Loop calls that ran inside the trace.
     if self._active and call.step >= self._window[1]:
       self.close()
       self._report()

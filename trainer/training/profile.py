@@ -1,11 +1,18 @@
 """Where a train step's time goes, read from a TensorFlow profiler trace.
 
 The train loop names its parts with `tf.name_scope` (PARTS below); every op the
-trace records inside a `train_loop` call is attributed to the first part its name
-contains, to "copies" if it moves a tensor between devices (_Send/_Recv), and to
-"bookkeeping" otherwise: the batch assertion, the ledger and metric sums, the
-gradient norm, the step counter and the loop's control flow. Ops on tf.data's own
-threads (a distributed iterator's pipeline functions) are "input".
+trace records inside a `train_loop` call is attributed to the outermost part its
+name contains, to "copies" if it hands a tensor between devices (_Send/_Recv),
+and to "bookkeeping" otherwise: the batch assertion, the ledger and metric sums,
+the gradient norm, the step counter and the loop's control flow. Ops on tf.data's
+own threads (a distributed iterator's pipeline functions) are "input". Times are
+self times: an event's time less the events nested in it on its thread (a _Send
+may run the receiving side's ops inline), so nothing is counted twice.
+
+Only ops the host's executor runs are seen (the host planes of the trace): on a
+GPU, kernels run on the device planes, which TensorBoard's Profile tab shows. Under
+--jit_compile the compiled forward and backward pass runs as XLA's own events, not
+ops: it is in "other", not in forward_backward.
 
 Op time is summed over threads: the replicas of a split CPU run their ops side by
 side, so the parts can add up to more than the wall time of a step.
@@ -16,6 +23,7 @@ side, so the parts can add up to more than the wall time of a step.
   2.41
 """
 
+import bisect
 import glob
 import os
 import statistics
@@ -31,7 +39,7 @@ INPUT_PART = PARTS[INPUT]
 COPIES, BOOKKEEPING = "copies", "bookkeeping"
 CATEGORIES = tuple(PARTS.values()) + (COPIES, BOOKKEEPING)
 LOOP_FUNCTION = "train_loop"  # The tf.function whose calls the trace times.
-EXECUTOR = "ExecutorState::Process"  # The executor's span around the ops it runs.
+EXECUTOR = "ExecutorState::"  # The executor's own spans (Process, ProcessAsync).
 
 
 def categorize(op_event_name: str) -> str:
@@ -40,11 +48,16 @@ def categorize(op_event_name: str) -> str:
   name, _, op_type = op_event_name.rpartition(":")
   if op_type.lstrip("_").startswith(("Send", "Recv", "HostSend", "HostRecv")):
     return COPIES
-  components = (name or op_type).split("/")
-  for scope, part in PARTS.items():
-    if scope in components:
-      return part
+  for component in (name or op_type).split("/"):  # The outermost scope decides.
+    if component in PARTS:
+      return PARTS[component]
   return BOOKKEEPING
+
+
+def is_op(event_name: str) -> bool:
+  """Whether a trace event is an op ("name:Type"; not "Iterator::Map" or an
+  XLA cluster's "end: fusion.2")."""
+  return event_name.count(":") == 1 and " " not in event_name
 
 
 def latest_trace(log_dir: str):
@@ -53,13 +66,25 @@ def latest_trace(log_dir: str):
   return max(paths, key=os.path.getmtime) if paths else None
 
 
-def _events(plane):
-  """(name, start_ps, duration_ps, line name) of every event of an XPlane."""
+def _self_times(plane):
+  """(name, start_ps, self_ps, line name) of every event of an XPlane, where
+  self_ps is its duration less that of the events directly nested in it."""
   names = {key: meta.name for key, meta in plane.event_metadata.items()}
   for line in plane.lines:
-    for event in line.events:
-      yield (names.get(event.metadata_id, ""),
-             line.timestamp_ns * 1000 + event.offset_ps, event.duration_ps, line.name)
+    base = line.timestamp_ns * 1000
+    events = sorted((base + e.offset_ps, -e.duration_ps, names.get(e.metadata_id, ""))
+                    for e in line.events)  # Outer events first at a tie.
+    open_events = []  # [end, self time, name, start] of enclosing events.
+    for start, negative_duration, name in events:
+      while open_events and open_events[-1][0] <= start:
+        end, own, outer_name, outer_start = open_events.pop()
+        yield outer_name, outer_start, own, line.name
+      if open_events:
+        open_events[-1][1] += negative_duration  # The parent's self time shrinks.
+      open_events.append([start - negative_duration, -negative_duration, name, start])
+    while open_events:
+      end, own, outer_name, outer_start = open_events.pop()
+      yield outer_name, outer_start, own, line.name
 
 
 def step_breakdown(trace_path: str, *, steps: int) -> dict:
@@ -72,12 +97,15 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
   Returns:
     {"steps", "loop_calls", "wall_ms_per_step" (time inside train_loop calls),
     "op_ms_per_step": {category: ms}, "op_share": {category: fraction of op time},
-    "executor_ms_per_step" (the executor's time around the ops: dispatch),
+    "executor_ms_per_step" (the executor's own time around the ops: dispatch),
+    "other_ms_per_step" (the rest of the executor threads' time: under
+    --jit_compile, XLA's compiled forward and backward pass),
     "host_ms_between_calls" (median time from the end of a call to the start of
     the next: host work; None for a single call)}.
 
   Raises:
     ValueError: the trace holds no train_loop call, or `steps` < 1.
+    OSError, google.protobuf.message.DecodeError: the file cannot be read.
   """
   from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
   if steps < 1:
@@ -86,35 +114,42 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
   with open(trace_path, "rb") as f:
     space.ParseFromString(f.read())
   host = [p for p in space.planes if p.name.startswith("/host:")]
-  events = [e for plane in host for e in _events(plane)]
-  calls = [(start, start + duration) for name, start, duration, _ in events
-           if name == LOOP_FUNCTION]
+  calls = sorted(
+      (plane.lines[i].timestamp_ns * 1000 + e.offset_ps, e.duration_ps)
+      for plane in host for i in range(len(plane.lines))
+      for e in plane.lines[i].events
+      if plane.event_metadata[e.metadata_id].name == LOOP_FUNCTION)
   if not calls:
     raise ValueError(f"{trace_path}: no {LOOP_FUNCTION} call in the trace")
+  call_starts = [start for start, _ in calls]
+
+  def in_a_call(time_ps):
+    i = bisect.bisect_right(call_starts, time_ps) - 1
+    return i >= 0 and time_ps < calls[i][0] + calls[i][1]
+
   op_ps = dict.fromkeys(CATEGORIES, 0)
-  executor_ps = executed_ps = 0  # The executor's spans, and its ops' time in them.
-  for name, start, duration, line in events:
-    if not line.startswith("tf_") or not any(a <= start < b for a, b in calls):
-      continue
-    if name == EXECUTOR:
-      executor_ps += duration
-    elif name.count(":") == 1:  # An op: "name:Type" ("Iterator::Map" is not).
-      if line.startswith("tf_data"):  # tf.data's threads run only input ops.
-        op_ps[INPUT_PART] += duration
+  executor_ps = other_ps = 0
+  for plane in host:
+    for name, start, own, line in _self_times(plane):
+      if not line.startswith("tf_") or not in_a_call(start):
+        continue
+      if line.startswith("tf_data"):  # tf.data's threads: its pipeline's ops.
+        op_ps[INPUT_PART] += own if is_op(name) else 0
+      elif is_op(name):
+        op_ps[categorize(name)] += own
+      elif name.startswith(EXECUTOR):
+        executor_ps += own
       else:
-        op_ps[categorize(name)] += duration
-        executed_ps += duration
+        other_ps += own
   total = sum(op_ps.values()) or 1
   per_step_ms = lambda ps: round(ps / 1e9 / steps, 4)
-  calls.sort()
-  gaps = [b[0] - a[1] for a, b in zip(calls, calls[1:])]
+  gaps = [b[0] - (a[0] + a[1]) for a, b in zip(calls, calls[1:])]
   return {"steps": steps, "loop_calls": len(calls),
-          "wall_ms_per_step": per_step_ms(sum(b - a for a, b in calls)),
+          "wall_ms_per_step": per_step_ms(sum(d for _, d in calls)),
           "op_ms_per_step": {k: per_step_ms(v) for k, v in op_ps.items()},
           "op_share": {k: round(v / total, 4) for k, v in op_ps.items()},
-          # What the executor spends around the ops (dispatch, scheduling).
-          "executor_ms_per_step": per_step_ms(max(executor_ps - executed_ps, 0)),
-          # The host's work after a call (reading its outputs, actions), median.
+          "executor_ms_per_step": per_step_ms(executor_ps),
+          "other_ms_per_step": per_step_ms(other_ps),
           "host_ms_between_calls": (round(statistics.median(gaps) / 1e9, 4)
                                     if gaps else None)}
 
@@ -125,6 +160,7 @@ def describe(breakdown: dict) -> str:
   return (f"profile of {breakdown['steps']} steps: {breakdown['wall_ms_per_step']:.3f} "
           f"ms per step in {LOOP_FUNCTION}; op time per step (ms, summed over "
           f"threads): {parts}; executor dispatch "
-          f"{breakdown['executor_ms_per_step']:.3f}" + (
+          f"{breakdown['executor_ms_per_step']:.3f}; other "
+          f"{breakdown['other_ms_per_step']:.3f}" + (
               "" if breakdown["host_ms_between_calls"] is None else
               f"; host between calls {breakdown['host_ms_between_calls']:.3f} ms"))

@@ -168,17 +168,16 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
   update_batch_size = global_batch_size * rule.accum_steps
 
   def forward_backward(features, labels):
-    with tf.name_scope(profile.FORWARD_BACKWARD):
-      with tf.GradientTape() as tape:
-        outputs = float32_outputs(model(features, training=True))
-        per_example = _per_example(task.loss(labels, outputs))
-        loss = tf.nn.compute_average_loss(per_example,
-                                          global_batch_size=update_batch_size)
-        if model.losses:
-          loss += tf.nn.scale_regularization_loss(
-              tf.cast(tf.add_n(model.losses), tf.float32)) / rule.accum_steps
-        scaled_loss = optimizer.scale_loss(loss)
-      gradients = tape.gradient(scaled_loss, variables)
+    with tf.GradientTape() as tape:
+      outputs = float32_outputs(model(features, training=True))
+      per_example = _per_example(task.loss(labels, outputs))
+      loss = tf.nn.compute_average_loss(per_example,
+                                        global_batch_size=update_batch_size)
+      if model.losses:
+        loss += tf.nn.scale_regularization_loss(
+            tf.cast(tf.add_n(model.losses), tf.float32)) / rule.accum_steps
+      scaled_loss = optimizer.scale_loss(loss)
+    gradients = tape.gradient(scaled_loss, variables)
     metrics = {name: tf.reduce_sum(_per_example(values))
                for name, values in task.metrics(labels, outputs).items()}
     return gradients, loss, metrics
@@ -189,7 +188,9 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
   def replica_step(features, labels):
     batch_size = _check_batch(features, per_replica_batch_size)
     ledger.record(batch_size)
-    gradients, loss, metrics = forward_backward(features, labels)
+    # Around the call, so that under --jit_compile the compiled op is in it too.
+    with tf.name_scope(profile.FORWARD_BACKWARD):
+      gradients, loss, metrics = forward_backward(features, labels)
     totals.add(dict(metrics, loss=loss, examples=batch_size))
     return gradients
 
