@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmarks trainer against hand-written loops, Keras fit and a single device.
 
-  python scripts/benchmark.py --fast_paths         # every cell and variant (~15 min)
+  python scripts/benchmark.py --fast_paths         # every cell and variant (~20 min)
   python scripts/benchmark.py --quick --json=b.json
 
 Each variant runs in its own process (scripts/bench_variants.py) on the same model,
