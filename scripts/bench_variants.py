@@ -52,7 +52,8 @@ def _peak_rss_mib():
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _config(args, **overrides):
+def variant_config(args, **overrides):
+  """The Config every variant trains (also scripts/profile_steps.py's runs)."""
   from trainer.config import Config  # pylint: disable=g-import-not-at-top
   values = dict(dataset=args.dataset, model=args.model, cpu_devices=args.replicas,
                 per_replica_batch_size=args.per_replica_batch_size, optimizer="adam",
@@ -84,7 +85,7 @@ def run_trainer(args, *, summaries, array_input="gather"):
   train_steps = args.train_steps or (
       (1 + args.warmup_windows + args.windows) * args.steps_per_loop)
   with tempfile.TemporaryDirectory() as model_dir:
-    config = _config(args, model_dir=model_dir, train_steps=train_steps,
+    config = variant_config(args, model_dir=model_dir, train_steps=train_steps,
                      checkpoint_every=10**9, summaries=summaries,
                      array_input=array_input)
     results = trainer.train(config)
@@ -98,7 +99,7 @@ def _setup(args, *, strategy_free=False):
   from trainer.distribute import devices  # pylint: disable=g-import-not-at-top
   from trainer.tasks.classification import Classification  # pylint: disable=g-import-not-at-top
   from trainer.training.setup import bind  # pylint: disable=g-import-not-at-top
-  config = _config(args, cpu_devices=1 if strategy_free else args.replicas)
+  config = variant_config(args, cpu_devices=1 if strategy_free else args.replicas)
   devices.configure_devices(config)
   strategy = None if strategy_free else devices.make_strategy(config)
   task = bind(Classification(), config)

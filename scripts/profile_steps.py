@@ -4,8 +4,8 @@
   python scripts/profile_steps.py                      # the README's table (~1 min)
   python scripts/profile_steps.py --replicas=2 --array_input=gather --json=p.json
 
-Each configuration is one `python -m trainer.main` run of the benchmark's model and
-data (Adam, 32 examples per replica, K=20) with --profile_steps over three loop
+Each configuration is one `python -m trainer.main` run of the benchmark's config
+(scripts/bench_variants.py: Adam, 32 examples per replica, K=20) with --profile_steps over three loop
 calls after warm-up; the run reads its own trace (trainer.training.profile) and this
 script tabulates, per step: the wall time inside train_loop calls, the op time of
 each part of the step (self times, summed over threads, so replicas that run side
@@ -21,25 +21,25 @@ import subprocess
 import sys
 import tempfile
 
+from bench_variants import variant_config  # This directory: the benchmark's set-up.
+from trainer.training.profile import CATEGORIES
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("input", "forward_backward", "all_reduce", "optimizer", "copies",
-         "bookkeeping")
-STEPS_PER_LOOP = 20
-PROFILED = (101, 160)  # Steps: three loop calls, well after tracing.
+PROFILED = (101, 160)  # Steps: three loop calls of K=20, well after tracing.
 
 
 def profile_run(*, model, dataset, replicas, array_input, timeout):
   """One profiled run; returns its results.json "profile" (or {"error": ...})."""
   with tempfile.TemporaryDirectory() as model_dir:
-    command = [sys.executable, "-m", "trainer.main", f"--model_dir={model_dir}",
-               f"--model={model}", f"--dataset={dataset}", "--synthetic_shape=28,28,1",
-               "--synthetic_examples=4096", "--optimizer=adam", "--learning_rate=0.001",
-               f"--cpu_devices={replicas}", "--per_replica_batch_size=32",
-               f"--steps_per_loop={STEPS_PER_LOOP}", f"--train_steps={PROFILED[1] + 20}",
-               "--checkpoint_every=1000000", "--mode=train",
-               f"--profile_steps={PROFILED[0]},{PROFILED[1]}",
-               f"--array_input={array_input}"]
-    process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+    # The benchmark's config of this model, data and replica count, as flags.
+    config = variant_config(
+        argparse.Namespace(model=model, dataset=dataset, replicas=replicas,
+                           per_replica_batch_size=32, steps_per_loop=20,
+                           mixed_precision="none", jit_compile=False),
+        model_dir=model_dir, train_steps=PROFILED[1] + 20, checkpoint_every=10**6,
+        mode="train", profile_steps=PROFILED, array_input=array_input)
+    process = subprocess.run([sys.executable, "-m", "trainer.main", *config.to_flags()],
+                             cwd=REPO, capture_output=True, text=True,
                              timeout=timeout, check=False)
     try:
       with open(os.path.join(model_dir, "results.json")) as f:
@@ -52,7 +52,7 @@ def profile_run(*, model, dataset, replicas, array_input, timeout):
 
 
 def render(rows) -> str:
-  header = ["model", "data", "replicas", "input path", "ms per step", *PARTS,
+  header = ["model", "data", "replicas", "input path", "ms per step", *CATEGORIES,
             "executor", "other", "host between calls (ms per call)"]
   lines = ["| " + " | ".join(header) + " |",
            "|" + "---|" * 4 + "---:|" * (len(header) - 4)]
@@ -64,7 +64,7 @@ def render(rows) -> str:
       continue
     host = b["host_ms_between_calls"]
     cells += [f"{b['wall_ms_per_step']:.3f}",
-              *(f"{b['op_ms_per_step'][p]:.3f}" for p in PARTS),
+              *(f"{b['op_ms_per_step'][p]:.3f}" for p in CATEGORIES),
               f"{b['executor_ms_per_step']:.3f}", f"{b['other_ms_per_step']:.3f}",
               "-" if host is None else f"{host:.2f}"]
     lines.append("| " + " | ".join(cells) + " |")

@@ -114,11 +114,9 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
   with open(trace_path, "rb") as f:
     space.ParseFromString(f.read())
   host = [p for p in space.planes if p.name.startswith("/host:")]
-  calls = sorted(
-      (plane.lines[i].timestamp_ns * 1000 + e.offset_ps, e.duration_ps)
-      for plane in host for i in range(len(plane.lines))
-      for e in plane.lines[i].events
-      if plane.event_metadata[e.metadata_id].name == LOOP_FUNCTION)
+  calls = sorted((line.timestamp_ns * 1000 + e.offset_ps, e.duration_ps)
+                 for plane in host for line in plane.lines for e in line.events
+                 if plane.event_metadata[e.metadata_id].name == LOOP_FUNCTION)
   if not calls:
     raise ValueError(f"{trace_path}: no {LOOP_FUNCTION} call in the trace")
   call_starts = [start for start, _ in calls]
