@@ -149,3 +149,33 @@ class PipelineQuadratic(Quadratic):
     x, y = _quadratic_arrays(77, seed=1)
     return lambda context: tf.data.Dataset.from_tensor_slices((x, y)).shard(
         context.num_input_pipelines, context.input_pipeline_id)
+
+
+@dataclasses.dataclass
+class BagOfTokens(trainer.Task):
+  """An Embedding model: its gradient is sparse (tf.IndexedSlices), with many
+  lookups of the same rows (the padding token 0 fills half of every sequence)."""
+
+  vocabulary: int = 64
+  layout_fields = ("vocabulary",)
+
+  def build_model(self):
+    tokens = keras.Input(shape=(12,), dtype="int32")
+    embedded = keras.layers.Embedding(self.vocabulary, 8)(tokens)
+    pooled = keras.layers.GlobalAveragePooling1D()(embedded)
+    return keras.Model(tokens, keras.layers.Dense(1)(pooled))
+
+  def _examples(self, count, seed):
+    tokens = np.random.default_rng(seed).integers(
+        1, self.vocabulary, size=(count, 12)).astype("int32")
+    tokens[:, 6:] = 0
+    return tokens, (tokens % 3 == 0).mean(axis=1, keepdims=True).astype("float32")
+
+  def train_data(self):
+    return self._examples(256, seed=0)
+
+  def eval_data(self):
+    return self._examples(50, seed=1)
+
+  def loss(self, labels, outputs):
+    return tf.reduce_mean(tf.square(outputs - labels), axis=-1)

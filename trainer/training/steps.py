@@ -102,6 +102,37 @@ def _norm(tensor):
   return largest * tf.norm(scaled)
 
 
+@tf.autograph.experimental.do_not_convert
+def _dense_semantics(strategy, gradient):
+  """An all-reduced gradient whose update is the dense one, on any replica count.
+
+  A sparse gradient (an Embedding's `tf.IndexedSlices`) holds one slice per
+  lookup, so a row looked up twice appears twice; on several replicas the
+  all-reduce concatenates the replicas' slices. Keras's optimizers square or take
+  the sign of each slice before summing duplicates, which is not the update of
+  the summed (dense) gradient, and differs with the replica count. Summing
+  duplicate rows first makes every optimizer apply its dense definition, while the
+  gradient stays sparse: one slice per distinct row, not a vocabulary-sized
+  tensor. Dense gradients pass through untouched.
+  """
+  if isinstance(gradient, tf.distribute.DistributedValues):
+    local = strategy.experimental_local_results(gradient)[0]
+    if not isinstance(local, tf.IndexedSlices):
+      return gradient
+    gradient = local
+  if not isinstance(gradient, tf.IndexedSlices):
+    return gradient
+  rows, position = tf.unique(gradient.indices)
+  values = tf.math.unsorted_segment_sum(gradient.values, position, tf.size(rows))
+  return tf.IndexedSlices(values, rows, gradient.dense_shape)
+
+
+@tf.autograph.experimental.do_not_convert
+def _dense(gradient):
+  """A gradient as a dense tensor (a sparse one's rows scattered into zeros)."""
+  return tf.convert_to_tensor(gradient)
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateRule:
   """How a step's gradients become an update; the defaults are the plain step.
@@ -210,26 +241,31 @@ def make_train_loop(*, strategy, task, model, optimizer, global_step, ledger, to
       per_replica_gradients = strategy.run(gathered_replica_step,
                                            args=(index, gather.arrays))
     with tf.name_scope(profile.ALL_REDUCE):
-      return strategy.extended.batch_reduce_to(
+      reduced = strategy.extended.batch_reduce_to(
           _SUM, [(g, v.value) for g, v in zip(per_replica_gradients, variables)])
+      return [_dense_semantics(strategy, g) for g in reduced]
 
   def train_step(iterator, diagnosis=None):
     """One update; fills `diagnosis` (a dict) with its gradients when given."""
     first = None if gather is None else global_step.read_value() * rule.accum_steps
     gradients = micro_step(iterator, first)
     if rule.accum_steps > 1:
+      # A loop variable keeps its shape: sparse gradients are summed densely.
+      gradients = [_dense(g) for g in gradients]
       for micro in tf.range(1, rule.accum_steps, dtype=tf.int64):
         index = None if gather is None else first + micro
-        gradients = [a + b for a, b in zip(gradients, micro_step(iterator, index))]
+        gradients = [a + _dense(b)
+                     for a, b in zip(gradients, micro_step(iterator, index))]
     norm = tf.linalg.global_norm(gradients)
     scale = _loss_scale(optimizer)
     scale = tf.constant(1.0) if scale is None else tf.cast(scale, norm.dtype)
     norm = norm / scale
     if diagnosis is not None:
-      diagnosis["gradients"] = gradients
-      diagnosis["gradient_norms"] = [_norm(g) / scale for g in gradients]
+      diagnosis["gradients"] = [_dense(g) for g in gradients]
+      diagnosis["gradient_norms"] = [_norm(g) / scale
+                                     for g in diagnosis["gradients"]]
       diagnosis["gradients_finite"] = [tf.reduce_all(tf.math.is_finite(g))
-                                       for g in gradients]
+                                       for g in diagnosis["gradients"]]
     clipped = tf.constant(False)
     if rule.clip_norm:
       clipped = norm > rule.clip_norm
