@@ -179,3 +179,88 @@ class BagOfTokens(trainer.Task):
 
   def loss(self, labels, outputs):
     return tf.reduce_mean(tf.square(outputs - labels), axis=-1)
+
+
+_HIDDEN = {}  # Where TextBag(hide_vectorizer=True) keeps its layer: not on the task.
+_WORDS = ["good", "bad", "plain", "film", "plot", "actor", "scene", "music"]
+
+
+def _texts(count, seed, extra_words=0):
+  rng = np.random.default_rng(seed)
+  words = _WORDS + [f"word{i}" for i in range(extra_words)]
+  texts = [" ".join(rng.choice(words, size=6)) for _ in range(count)]
+  labels = [float(t.split().count("good") > t.split().count("bad")) for t in texts]
+  return np.array(texts), np.array(labels, np.float32)[:, None]
+
+
+@dataclasses.dataclass
+class TextBag(trainer.Task):
+  """Raw strings in, a TextVectorization adapted in prepare(): its lookup table is
+  used by preprocess, in the input pipeline and in the export."""
+
+  extra_words: int = 0  # More words in the adapted text: another vocabulary.
+  hide_vectorizer: bool = False  # A mistake: keep the layer in a global.
+
+  layout_fields = ()
+
+  def prepare(self):
+    vectorize = keras.layers.TextVectorization(max_tokens=40,
+                                               output_sequence_length=6)
+    texts, _ = _texts(200, seed=0, extra_words=self.extra_words)
+    vectorize.adapt(tf.data.Dataset.from_tensor_slices(texts).batch(50))
+    if self.hide_vectorizer:
+      _HIDDEN["vectorize"] = vectorize
+    else:
+      self.vectorize = vectorize
+    return vectorize.get_vocabulary()
+
+  def preprocess(self, features):
+    return (_HIDDEN["vectorize"] if self.hide_vectorizer else self.vectorize)(features)
+
+  def build_model(self):
+    tokens = keras.Input(shape=(6,), dtype="int64")
+    pooled = keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(40, 8)(tokens))
+    return keras.Model(tokens, keras.layers.Dense(1)(pooled))
+
+  def train_data(self):
+    return tf.data.Dataset.from_tensor_slices(_texts(200, seed=0))
+
+  def eval_data(self):
+    return tf.data.Dataset.from_tensor_slices(_texts(60, seed=1))
+
+  def loss(self, labels, outputs):
+    return keras.losses.binary_crossentropy(labels, outputs, from_logits=True)
+
+  def metrics(self, labels, outputs):
+    return {"accuracy": tf.cast(tf.equal(tf.cast(outputs > 0, tf.float32), labels),
+                                tf.float32)[:, 0]}
+
+
+@dataclasses.dataclass
+class EarlyAdapt(TextBag):
+  """A mistake: TensorFlow work in __post_init__, before the devices are set up."""
+
+  def __post_init__(self):
+    self.table = tf.constant(_WORDS)
+
+
+@dataclasses.dataclass
+class BatchedSeries(trainer.Task):
+  """A Keras user's windows, passed as they had them: already batched (or, with
+  batched=False, unbatched: then tf.data does not know the windows' length)."""
+
+  batched: bool = True
+
+  def build_model(self):
+    return keras.Sequential([keras.Input(shape=(12, 3)), keras.layers.Flatten(),
+                             keras.layers.Dense(1)])
+
+  def train_data(self):
+    series = np.random.default_rng(0).normal(size=(300, 3)).astype("float32")
+    return keras.utils.timeseries_dataset_from_array(
+        series, series[:, 0], sequence_length=12,
+        batch_size=32 if self.batched else None)
+
+  def loss(self, labels, outputs):
+    return tf.square(outputs[:, 0] - labels)

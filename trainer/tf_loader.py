@@ -5,6 +5,8 @@ import os
 import sys
 import tempfile
 
+_started_by = []  # What started TensorFlow's runtime, when a watched block did.
+
 
 @contextlib.contextmanager
 def _native_stderr_captured():
@@ -47,3 +49,29 @@ def load_tensorflow(*, probe_devices: bool = True):
     if probe_devices:
       tf.config.list_physical_devices()  # Does not fix the device split.
   return tf
+
+
+def is_started() -> bool:
+  """Whether TensorFlow's runtime has started in this process: from then on its
+  devices cannot be split nor a MultiWorkerMirroredStrategy created."""
+  if "tensorflow" not in sys.modules:
+    return False
+  from tensorflow.python.eager import context  # No public way to ask.
+  return context.context()._initialized
+
+
+@contextlib.contextmanager
+def watch_start(what: str):
+  """Notes `what` (e.g. "task T's __post_init__") as what started TensorFlow's
+  runtime, if the block does: `started_by` names it in the device errors."""
+  before = is_started()
+  try:
+    yield
+  finally:
+    if not before and not _started_by and is_started():
+      _started_by.append(what)
+
+
+def started_by():
+  """What started TensorFlow's runtime inside a `watch_start` block, or None."""
+  return _started_by[0] if _started_by else None

@@ -81,10 +81,38 @@ def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool, name: st
   if not (isinstance(spec, tuple) and len(spec) == 2):
     raise DataError(f"{what}: {kind} must yield (features, labels) pairs, got "
                     f"elements {spec}")
+  if is_batched(dataset):
+    raise DataError(
+        f"{what}: {name} yields batches (it calls batch(); elements {spec}), but "
+        "the framework batches the data itself: return it unbatched, e.g. "
+        "timeseries_dataset_from_array(..., batch_size=None) or dataset.unbatch()")
   if not any(True for _ in dataset.take(1)):
     raise DataError(f"{what}: {name} yields no elements")
   if finite and int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
     raise DataError(f"{what}: {name} is infinite; evaluation needs a finite split")
+
+
+_BATCHING = ("BatchDataset", "PaddedBatchDataset", "ParallelBatchDataset",
+             "DenseToRaggedBatchDataset", "BucketBySequenceLengthDataset")
+
+
+def is_batched(dataset: tf.data.Dataset) -> bool:
+  """Whether `dataset` batches its elements (a batch() not undone by unbatch()),
+  from the chain of datasets it was built from."""
+  pending = [dataset]
+  while pending:
+    current = pending.pop()
+    kind = type(current).__name__.lstrip("_")
+    if kind == "UnbatchDataset":
+      continue
+    if kind in _BATCHING:
+      return True
+    # tf.data keeps the datasets a dataset was built from as these attributes.
+    pending += [d for d in [getattr(current, "_input_dataset", None),
+                            getattr(current, "_dataset_to_concatenate", None),
+                            *getattr(current, "_datasets", ())]
+                if isinstance(d, tf.data.Dataset)]
+  return False
 
 
 def count_elements(dataset: tf.data.Dataset) -> int:

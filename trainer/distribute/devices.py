@@ -5,6 +5,7 @@ import os
 
 import tensorflow as tf
 
+from trainer import tf_loader
 from trainer.config import HANG_TIMEOUT_FLOOR_SECONDS, Config
 from trainer.errors import ConfigError
 
@@ -84,8 +85,16 @@ def local_devices(config: Config) -> list:
   cpus = tf.config.list_logical_devices("CPU")
   if len(cpus) < config.cpu_devices:
     raise ConfigError(f"--cpu_devices={config.cpu_devices}: TensorFlow is already "
-                      f"initialised with {len(cpus)} CPU device(s) in this process")
+                      f"initialised with {len(cpus)} CPU device(s) in this process"
+                      + _started_note())
   return [d.name for d in cpus[:config.cpu_devices]]
+
+
+def _started_note() -> str:
+  """Names what started TensorFlow too early, when the task did."""
+  who = tf_loader.started_by()
+  return (f" ({who} ran TensorFlow before the devices were set up; do that work "
+          "in Task.prepare(), which runs after)" if who else "")
 
 
 def make_strategy(config: Config) -> tf.distribute.Strategy:
@@ -154,7 +163,8 @@ def _multi_worker_strategy(config):
     if "program startup" not in str(e):
       raise
     raise ConfigError("--strategy=multi_worker must start in a fresh process: "
-                      "TensorFlow was already initialised here") from None
+                      "TensorFlow was already initialised here" + _started_note()
+                      ) from None
 
 
 def cluster_resolver(config: Config):

@@ -4,6 +4,8 @@ The signature applies the task's `preprocess` (as training did) before the model
 its `serving_outputs` after it, so a served model takes raw stored values.
 """
 
+import re
+
 import tensorflow as tf
 
 from trainer.errors import TaskError
@@ -25,6 +27,37 @@ def _paths(structure, prefix: str = "") -> list:
     return [path for index, item in enumerate(structure)
             for path in _paths(item, f"{prefix}{index}_")]
   return [prefix.rstrip("_") or "inputs"]
+
+
+def task_objects(task) -> list:
+  """The TensorFlow objects (layers, lookup tables, variables, modules) a task
+  keeps as attributes, directly or in a list, tuple or dict."""
+  found = []
+  for value in vars(task).values():
+    items = (list(value.values()) if isinstance(value, dict) else
+             list(value) if isinstance(value, (list, tuple)) else [value])
+    found += [item for item in items
+              if isinstance(item, tf.__internal__.tracking.Trackable)]
+  return found
+
+
+def with_model_shapes(feature_spec, model, task):
+  """The stored features' specs, with the dimensions the data leaves unknown taken
+  from the model's input (e.g. windows of a series that tf.data does not know are
+  all 120 long), where the features go to the model as they are: one input, and
+  no Task.preprocess."""
+  from trainer.tasks.base import Task  # Not at the top: tasks import outputs.
+  inputs = getattr(model, "inputs", None) or []
+  leaves = tf.nest.flatten(feature_spec)
+  if (type(task).preprocess is not Task.preprocess or len(inputs) != 1 or
+      len(leaves) != 1):
+    return feature_spec
+  try:
+    shape = tf.TensorShape(leaves[0].shape).merge_with(inputs[0].shape)
+  except ValueError:  # The model takes another shape: the data's spec stands.
+    return feature_spec
+  return tf.nest.pack_sequence_as(
+      feature_spec, [tf.TensorSpec(shape, leaves[0].dtype, name=leaves[0].name)])
 
 
 def check_serving_signature(task, feature_spec):
@@ -53,7 +86,7 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
   Returns:
     export_dir.
   """
-  signature = task.serving_signature(feature_spec)
+  signature = task.serving_signature(with_model_shapes(feature_spec, model, task))
   specs = _named_specs(signature)
 
   def serve(*inputs):
@@ -63,6 +96,21 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
 
   module = tf.Module()
   module.model = model
+  # What preprocess and the serving methods use besides the model (a vocabulary's
+  # lookup table, a normalisation's variables) is saved with them.
+  module.task_objects = task_objects(task)
   module.serve = tf.function(serve, input_signature=specs)
-  tf.saved_model.save(module, export_dir, signatures={"serving_default": module.serve})
+  try:
+    tf.saved_model.save(module, export_dir,
+                        signatures={"serving_default": module.serve})
+  except AssertionError as e:
+    if "untracked" not in str(e):
+      raise
+    found = re.search(r"Trackable referencing this tensor = <([\w.]+)", str(e))
+    what = found[1].rsplit(".", 1)[-1] if found else "a resource"
+    raise TaskError(
+        f"Task.preprocess or a serving method uses {what} (a TensorFlow resource) "
+        "that is neither the model's nor an attribute of the task: keep it on the "
+        "task (self.NAME = ..., e.g. in Task.prepare()) so the export can save it"
+    ) from None
   return export_dir

@@ -42,7 +42,8 @@ def load_task_class(spec: str) -> type:
     # native start-up lines do not reach the terminal.
     tf_loader.load_tensorflow()
   try:
-    module = importlib.import_module(module_name)
+    with tf_loader.watch_start(f"importing {module_name}"):
+      module = importlib.import_module(module_name)
   except Exception as e:  # pylint: disable=broad-except
     # Any error while importing the user's module is the user's to fix.
     raise ConfigError(f"--task={spec}: cannot import {module_name} "
@@ -126,7 +127,9 @@ def build_task(spec: str, params: dict) -> Task:
   task_class = load_task_class(spec)
   check_param_names(spec, task_class, params)
   try:
-    return task_class(**params)
+    with tf_loader.watch_start(f"{task_class.__name__}(...) (its __init__ or "
+                               "__post_init__)"):
+      return task_class(**params)
   except (ValueError, TypeError) as e:
     raise ConfigError(f"--task={spec}: {_first_line(e)}") from None
 

@@ -87,6 +87,23 @@ class Task:
 
   config = None  # Set by the framework (see the class docstring).
 
+  def prepare(self):
+    """One-time preparation that needs TensorFlow, e.g. adapting a
+    `TextVectorization` or `StringLookup` layer to the training text.
+
+    Called once per process, after the devices and the strategy are set up and
+    before any other method. (A task's `__init__` or `__post_init__` runs before
+    the devices are set up, when TensorFlow must not start yet.) Keep what it
+    builds as attributes of the task (`self.vectorize = ...`): `preprocess` and
+    the serving methods may use it, and the export carries it.
+
+    Returns:
+      None, or what it prepared (e.g. the vocabulary, as a list): its fingerprint
+      joins the training data's identity in the checkpoint, so a resume that
+      prepares something else (another vocabulary) is refused.
+    """
+    return None
+
   def build_model(self):
     """Returns a new Keras model (functional, Sequential or subclassed).
 

@@ -241,6 +241,7 @@ def replay_run(model_dir: str, step: int, *, dump: str = None,
         "(per-worker input); one process cannot replay their steps: rerun the "
         "cluster from the checkpoint before the step instead")
   state = build_state(config, task, found.strategy, train_data=found.train_data,
+                      prepared=found.prepared,
                       eval_data=found.eval_data, is_chief=True, read_only=True)
   # The rate the run trained with after its last --on_nan=rollback (steps before
   # that rollback's checkpoint were trained at a higher one and discarded).

@@ -80,6 +80,7 @@ def evaluate_checkpoint(config: config_lib.Config, task: Task = None) -> dict:
     config, task = resolve_task(config, task)
   found = setup(config, task)
   state = build_state(config, task, found.strategy, train_data=found.train_data,
+                      prepared=found.prepared,
                       eval_data=found.eval_data, is_chief=found.is_chief,
                       read_only=True)
   step = state.restore_checkpoint()

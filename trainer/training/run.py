@@ -71,6 +71,7 @@ def train(config: Config, task: Task) -> dict:
     found = setup(config, task)
     interrupts.refresh()  # The strategy's start-up may have replaced them.
     state = build_state(config, task, found.strategy, train_data=found.train_data,
+                        prepared=found.prepared,
                         eval_data=found.eval_data, is_chief=found.is_chief)
     best = best_metric(config, task, state.reported_metrics)
     export_dir = config.export_dir or os.path.join(config.model_dir, "export")
@@ -308,10 +309,11 @@ def _export(state: RunState, results: Results, export_dir: str):
         export_saved_model(state.model, state.task, best_dir,
                            feature_spec=feature_spec)
       results.data["export_best_dir"] = best_dir
-  except (ValueError, TypeError, tf.errors.OpError) as e:
+  except (ValueError, TypeError, tf.errors.OpError, TaskError) as e:
     results.finish("unexported")
-    raise TaskError(f"export to {export_dir} failed ({type(e).__name__}: "
-                    f"{(str(e).splitlines() or [''])[0][:300]}); training finished "
+    cause = (str(e) if isinstance(e, TaskError) else
+             f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+    raise TaskError(f"export to {export_dir} failed ({cause}); training finished "
                     "and its checkpoint is kept: fix the task's serving methods and "
                     "rerun to export") from None
   results.data["export_dir"] = export_dir

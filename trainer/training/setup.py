@@ -22,6 +22,7 @@ class Setup:
   train_data: object  # data.ArrayData, StreamData, TFRecords or PipelineData
   eval_data: object  # the same, or None
   per_replica_batch_size: int  # From the batch flags and the replica count.
+  prepared: object = None  # What Task.prepare() returned.
 
   @property
   def global_batch_size(self) -> int:
@@ -47,6 +48,7 @@ def setup(config: Config, task: Task) -> Setup:
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   bind(task, config)
+  prepared = task.prepare()
   train_data = data.as_task_data(task.train_data(), what="Task.train_data()")
   eval_value = task.eval_data()
   eval_data = (None if eval_value is None else
@@ -56,7 +58,7 @@ def setup(config: Config, task: Task) -> Setup:
                       "(Task.eval_data() returned None); use --mode=train")
   result = Setup(strategy=strategy, is_chief=devices.is_chief(strategy), task=task,
                  train_data=train_data, eval_data=eval_data,
-                 per_replica_batch_size=per_replica)
+                 per_replica_batch_size=per_replica, prepared=prepared)
   num_pipelines, _ = data.input_pipelines(strategy)
   for what, split in (("train", train_data), ("eval", eval_data)):
     if isinstance(split, data.TFRecords):

@@ -252,11 +252,31 @@ def _probe(task: Task, model, train_data, size: int) -> tuple:
   return tuple(metrics), tuple(reported)
 
 
-def data_identity(config: Config, train_data) -> dict:
+def fingerprint(value) -> str:
+  """A short digest of a JSON-like value (lists, dicts, numbers, strings, bytes,
+  arrays and tensors inside), the same in every process that builds it."""
+
+  def plain(item):
+    if hasattr(item, "numpy"):
+      item = item.numpy()
+    if isinstance(item, np.ndarray):
+      return item.tolist()
+    if isinstance(item, bytes):
+      return item.decode("utf-8", "backslashreplace")
+    return repr(item)
+
+  text = json.dumps(value, sort_keys=True, default=plain)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def data_identity(config: Config, train_data, prepared=None) -> dict:
   """What the training data is, recorded in the checkpoint and checked on resume:
-  its features' shapes and types, its size (arrays) and a fingerprint of
-  --data_path, so a data set changed under the same flags is refused."""
+  its features' shapes and types, its size (arrays), a fingerprint of
+  --data_path and of what Task.prepare() returned (a vocabulary), so a data set
+  changed under the same flags is refused."""
   identity = {"features": str(data.feature_spec(train_data))}
+  if prepared is not None:
+    identity["prepared"] = fingerprint(prepared)
   if isinstance(train_data, data.ArrayData):
     identity["examples"] = train_data.num_examples
   elif hasattr(train_data, "identity"):  # TFRecords: the files.
@@ -281,8 +301,8 @@ def _scratch_dir(config: Config, strategy, is_chief: bool):
 
 
 def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
-                train_data, eval_data, is_chief: bool,
-                read_only: bool = False) -> RunState:
+                train_data, eval_data, is_chief: bool, read_only: bool = False,
+                prepared=None) -> RunState:
   """Builds model, optimizer (built in scope, before any step), step and loops.
 
   Args:
@@ -293,6 +313,7 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
     eval_data: the task's checked eval data, or None.
     is_chief: whether this process writes the real checkpoints.
     read_only: open another process's run (evaluation): never write into it.
+    prepared: what Task.prepare() returned (part of the data's identity).
 
   Returns:
     A RunState, with nothing restored yet.
@@ -356,7 +377,7 @@ def build_state(config: Config, task: Task, strategy: tf.distribute.Strategy, *,
                   metric_names=metric_names, reported_metrics=reported_metrics,
                   checkpoints=checkpoints, record=record,
                   base_learning_rate=_learning_rate(optimizer), rule=rule,
-                  data_identity=data_identity(config, train_data),
+                  data_identity=data_identity(config, train_data, prepared),
                   train_ledger=train_ledger, eval_ledger=eval_ledger,
                   train_totals=train_totals, eval_totals=eval_totals,
                   train_loop=train_loop, diagnose_step=diagnose_step,
