@@ -11,6 +11,7 @@ Used by `scripts/launch_workers.py`; `launch` is the Python API.
 
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -74,9 +75,10 @@ def shell_code(returncode: int) -> int:
 
 
 class _Worker:
-  """One worker process and the thread that streams its output."""
+  """One worker process, the thread that streams its output and the one that
+  reports its exit (to `exits`, in the order the workers end)."""
 
-  def __init__(self, index, command, env, out, out_lock):
+  def __init__(self, index, command, env, out, out_lock, exits: queue.Queue):
     self.index = index
     self.name = "chief (worker 0)" if index == 0 else f"worker {index}"
     self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
@@ -84,6 +86,10 @@ class _Worker:
     self._thread = threading.Thread(target=self._stream, args=(out, out_lock),
                                     daemon=True)
     self._thread.start()
+    # wait() returns as the kernel reaps the process, so the queue holds the
+    # workers in the order they died, however close together.
+    threading.Thread(target=lambda: (self.process.wait(), exits.put(self)),
+                     daemon=True).start()
 
   def _stream(self, out, out_lock):
     for line in self.process.stdout:
@@ -100,7 +106,7 @@ class _Worker:
 
 
 def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
-           out=None) -> int:
+           out=None, program=(sys.executable, "-m", "trainer.main")) -> int:
   """Runs `python -m trainer.main TRAINER_ARGS --strategy=multi_worker` N times.
 
   Args:
@@ -110,10 +116,12 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
     grace_seconds: after a worker dies, how long the others get to exit on SIGTERM
       before they are killed.
     out: where worker output and launcher messages go (default stdout).
+    program: the command each worker runs before the flags (tests give another).
 
   Returns:
     The chief's exit code when every worker ends on its own; otherwise the exit
-    code of the first worker that failed (128 + signal if it was killed).
+    code of the first worker that failed (128 + signal if it was killed), which
+    the launcher names.
   """
   out = out or sys.stdout
   out_lock = threading.Lock()
@@ -124,13 +132,13 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
       out.flush()
 
   ports = free_ports(num_workers)
-  command = [sys.executable, "-m", "trainer.main", *trainer_args,
+  command = [*program, *trainer_args,
              "--strategy=multi_worker"]  # Last, so it overrides a flagfile's.
   say(f"{num_workers} workers on {', '.join(f'{HOST}:{p}' for p in ports)}")
-  workers = []
+  workers, exits = [], queue.Queue()
   for index in range(num_workers):
     env = dict(os.environ, TF_CONFIG=tf_config(ports, index), PYTHONUNBUFFERED="1")
-    workers.append(_Worker(index, command, env, out, out_lock))
+    workers.append(_Worker(index, command, env, out, out_lock, exits))
     say(f"started {workers[-1].name} (pid {workers[-1].process.pid})")
 
   interrupted = []  # Times at which the launcher was asked to stop.
@@ -146,22 +154,24 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
       worker.signal(signal.SIGTERM)
 
   previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-  failed = None
+  failed, ended = None, 0
   try:
-    while any(w.process.poll() is None for w in workers):
-      if interrupted:
+    while ended < len(workers):
+      try:
+        worker = exits.get(timeout=_POLL_SECONDS)
+      except queue.Empty:
         # Workers agree on a step to stop at and exit together; give them time.
-        if time.monotonic() - interrupted[0] > grace_seconds + 60:
+        if interrupted and time.monotonic() - interrupted[0] > grace_seconds + 60:
           _kill_running(workers, say, "did not stop after the interrupt")
-      else:
-        failed = next((w for w in workers if w.process.poll() not in (None, 0)), None)
-        if failed is not None:
-          say(f"{failed.name} (pid {failed.process.pid}) failed: "
-              f"{describe_exit(failed.process.returncode)}; stopping the other workers")
-          _kill_stopped(workers, say)
-          _stop(workers, grace_seconds, say)
-          break
-      time.sleep(_POLL_SECONDS)
+        continue
+      ended += 1
+      if not interrupted and worker.process.returncode != 0:
+        failed = worker  # The first to die: the others fail because it did.
+        say(f"{failed.name} (pid {failed.process.pid}) failed: "
+            f"{describe_exit(failed.process.returncode)}; stopping the other workers")
+        _kill_stopped(workers, say)
+        _stop(workers, grace_seconds, say)
+        break
   finally:
     for sig, old in previous.items():
       signal.signal(sig, old)
