@@ -45,21 +45,30 @@ def _examples_per_second(dataset, batches: int) -> float:
   return batches * GLOBAL_BATCH / (time.perf_counter() - start)
 
 
-def _pipelines(config_flags, batches):
+def _task_data(**params):
+  """The classification task's training data with these hyperparameters."""
+  from trainer import data
+  from trainer.tasks import RunContext
+  from trainer.tasks.classification import Classification
+  task = Classification(**params)
+  task.prepare(RunContext())
+  return task, data.as_task_data(task.train_data(), what="bench")
+
+
+def _pipelines(task_params, batches):
   """(arrays examples/s, TFRecord examples/s) of the input alone."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from trainer import data  # pylint: disable=g-import-not-at-top
-  from trainer.config import Config  # pylint: disable=g-import-not-at-top
-  from trainer.tasks.classification import Classification  # pylint: disable=g-import-not-at-top
-  from trainer.training.setup import bind  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
+  from trainer import data
+  from trainer.distribute.cluster import Cluster
   rates = []
-  for flags in config_flags:
-    task = bind(Classification(), Config(**flags))
-    source = data.as_task_data(task.train_data(), what="bench")
+  for params in task_params:
+    task, source = _task_data(**params)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    dataset = data.train_input(strategy, source, global_batch_size=GLOBAL_BATCH,
-                               seed=0, shuffle=True, shuffle_buffer=10000,
-                               start_step=0, preprocess=task.preprocess)
+    order = data.Order(seed=0, shuffle=True, buffer=10000,
+                       global_batch_size=GLOBAL_BATCH)
+    dataset = source.train_input(strategy, Cluster(), order, start_step=0,
+                                 preprocess=task.preprocess)
     rates.append(_examples_per_second(dataset, batches))
   return rates
 
@@ -83,27 +92,25 @@ def _first_batch_seconds(build, repeats=3) -> float:
 
 
 def _resume_costs(folder, steps_list, skip_steps):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from trainer import data  # pylint: disable=g-import-not-at-top
-  from trainer.config import Config  # pylint: disable=g-import-not-at-top
-  from trainer.tasks.classification import Classification  # pylint: disable=g-import-not-at-top
-  from trainer.training.setup import bind  # pylint: disable=g-import-not-at-top
-  task = bind(Classification(), Config(dataset="tfrecord",
-                                       train_files=f"{folder}/train-*"))
-  records = data.as_task_data(task.train_data(), what="bench")
+  import tensorflow as tf
+
+  from trainer import data
+  from trainer.data import streams
+  _, records = _task_data(dataset="tfrecord", train_files=f"{folder}/train-*")
   shard = records.shard(1, 0)
+  order = data.Order(seed=0, shuffle=True, buffer=10000,
+                     global_batch_size=GLOBAL_BATCH)
   costs = {}
   for step in steps_list:
     costs[f"tfrecord at step {step}"] = _first_batch_seconds(
-        lambda s=step: records.parsed_batches(shard.train_stream(
-            seed=0, shuffle=True, buffer=10000, position=s * GLOBAL_BATCH),
-                                              GLOBAL_BATCH))
-  stream = data.StreamData(records.parsed(tf.data.TFRecordDataset(
-      list(records.paths))))
+        lambda s=step: records.parsed_batches(
+            shard.train_stream(order, position=s * GLOBAL_BATCH), GLOBAL_BATCH))
+  examples = records.parsed(tf.data.TFRecordDataset(list(records.paths)))
   for step in skip_steps:
     costs[f"skip-based stream at step {step}"] = _first_batch_seconds(
-        lambda s=step: data.train_dataset(stream, global_batch_size=GLOBAL_BATCH,
-                                          seed=0, shuffle=True, start_step=s))
+        lambda s=step: streams.stream_batches(
+            examples, order, shuffle_seed=0, batch_size=GLOBAL_BATCH,
+            position=s * GLOBAL_BATCH))
   return costs
 
 

@@ -48,20 +48,21 @@ def _since_process_start():
 
 
 def _peak_rss_mib():
-  import resource  # pylint: disable=g-import-not-at-top
+  import resource
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def variant_config(args, **overrides):
   """The Config every variant trains (also scripts/profile_steps.py's runs)."""
-  from trainer.config import Config  # pylint: disable=g-import-not-at-top
-  values = dict(dataset=args.dataset, model=args.model, cpu_devices=args.replicas,
+  from trainer import config as config_lib
+  values = dict(cpu_devices=args.replicas,
                 per_replica_batch_size=args.per_replica_batch_size, optimizer="adam",
-                learning_rate=1e-3, seed=0, synthetic_examples=4096,
-                synthetic_shape=(28, 28, 1), steps_per_loop=args.steps_per_loop,
+                learning_rate=1e-3, seed=0, steps_per_loop=args.steps_per_loop,
                 mixed_precision=args.mixed_precision, jit_compile=args.jit_compile)
   values.update(overrides)
-  return Config(**values)
+  return config_lib.from_argv([
+      f"--dataset={args.dataset}", f"--model={args.model}",
+      "--synthetic_examples=4096", "--synthetic_shape=28,28,1"]).replace(**values)
 
 
 def _windows(run_window, args):
@@ -79,7 +80,7 @@ def _windows(run_window, args):
 
 
 def run_trainer(args, *, summaries, array_input="gather"):
-  import trainer  # pylint: disable=g-import-not-at-top
+  import trainer
   # One loop call per window (the first traces), unless --train_steps is given
   # (--steps_per_loop=0 lets the trainer size its calls).
   train_steps = args.train_steps or (
@@ -95,28 +96,37 @@ def run_trainer(args, *, summaries, array_input="gather"):
 
 
 def _setup(args, *, strategy_free=False):
-  from trainer import data  # pylint: disable=g-import-not-at-top
-  from trainer.distribute import devices  # pylint: disable=g-import-not-at-top
-  from trainer.tasks.classification import Classification  # pylint: disable=g-import-not-at-top
-  from trainer.training.setup import bind  # pylint: disable=g-import-not-at-top
+  from trainer import data
+  from trainer.distribute import devices
+  from trainer.tasks import RunContext
+  from trainer.tasks.classification import Classification
   config = variant_config(args, cpu_devices=1 if strategy_free else args.replicas)
-  devices.configure_devices(config)
-  strategy = None if strategy_free else devices.make_strategy(config)
-  task = bind(Classification(), config)
+  devices.configure_devices(config.distribute)
+  strategy = None if strategy_free else devices.make_strategy(config.distribute)
+  task = Classification(**config.task_kwargs)
+  task.prepare(RunContext(seed=config.seed))
   train = data.as_task_data(task.train_data(), what="train data")
-  dataset = data.train_dataset(train, global_batch_size=args.global_batch, seed=0,
-                               shuffle=True, start_step=0, preprocess=task.preprocess)
+  dataset = train.train_dataset(
+      data.Order(seed=0, shuffle=True, global_batch_size=args.global_batch),
+      start_step=0, preprocess=task.preprocess)
   return config, strategy, task, dataset
 
 
+def _distribute(strategy, dataset):
+  from trainer.data import base
+  return base.distribute(strategy, dataset)
+
+
 def _model_and_optimizer(config, task, strategy):
-  import contextlib  # pylint: disable=g-import-not-at-top
-  import keras  # pylint: disable=g-import-not-at-top
-  from trainer.training.optimizers import build_optimizer  # pylint: disable=g-import-not-at-top
+  import contextlib
+
+  import keras
+
+  from trainer.training.optimizers import build_optimizer
   with strategy.scope() if strategy else contextlib.nullcontext():
     keras.utils.set_random_seed(config.seed)
     model = task.build_model()
-    optimizer = build_optimizer(config, task)
+    optimizer = build_optimizer(config.optimization, task)
     optimizer.build(model.trainable_variables)
   return model, optimizer
 
@@ -146,7 +156,6 @@ def _hand_replica_step(args, model, optimizer, *, apply_inside=True):
 
 def run_hand_loop(args, *, k_steps, strategy_free=False, apply_inside=True):
   tf = tf_loader.load_tensorflow()
-  from trainer import data  # pylint: disable=g-import-not-at-top
   config, strategy, task, dataset = _setup(args, strategy_free=strategy_free)
   model, optimizer = _model_and_optimizer(config, task, strategy)
   replica_step = _hand_replica_step(args, model, optimizer, apply_inside=apply_inside)
@@ -165,7 +174,7 @@ def run_hand_loop(args, *, k_steps, strategy_free=False, apply_inside=True):
     optimizer.apply(grads, variables)
     return strategy.reduce(sum_, losses, axis=None)
 
-  iterator = iter(dataset if strategy is None else data.distribute(strategy, dataset))
+  iterator = iter(dataset if strategy is None else _distribute(strategy, dataset))
   if k_steps:
     @tf.function
     def loop(iterator, k):
@@ -194,7 +203,6 @@ def run_orbit(args):
   controller loop, the same model, data and strategy."""
   tf = tf_loader.load_tensorflow()
   import orbit  # pylint: disable=g-import-not-at-top
-  from trainer import data  # pylint: disable=g-import-not-at-top
   config, strategy, task, dataset = _setup(args)
   model, optimizer = _model_and_optimizer(config, task, strategy)
   replica_step = _hand_replica_step(args, model, optimizer)
@@ -207,7 +215,7 @@ def run_orbit(args):
 
     def __init__(self):
       self.loss = tf.Variable(0.0, trainable=False)  # Read once per window.
-      super().__init__(train_dataset=data.distribute(strategy, dataset),
+      super().__init__(train_dataset=_distribute(strategy, dataset),
                        options=orbit.StandardTrainerOptions(use_tf_while_loop=True))
 
     def train_step(self, iterator):
@@ -266,9 +274,8 @@ def run_keras_fit(args):
 
 def run_pipeline(args):
   tf = tf_loader.load_tensorflow()
-  from trainer import data  # pylint: disable=g-import-not-at-top
   _, strategy, _, dataset = _setup(args)
-  iterator = iter(data.distribute(strategy, dataset))
+  iterator = iter(_distribute(strategy, dataset))
 
   @tf.function
   def drain(iterator, k):

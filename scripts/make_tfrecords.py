@@ -17,8 +17,9 @@ import os
 import sys
 
 from trainer.argparsing import ArgumentParser
-from trainer.config import DATASETS, Config
 from trainer.errors import TrainerError
+from trainer.tasks.classification import Classification
+from trainer.tasks.image_data import DATASETS
 
 FORMATS = ("auto", "png", "jpeg", "raw")
 
@@ -87,12 +88,12 @@ def main(argv=None) -> int:
       raise TrainerError("--out: needed (the folder to write the shards into)")
     if args.shards < 1:
       raise TrainerError(f"--shards={args.shards}: must be >= 1")
-    config = Config(dataset=args.dataset, data_path=args.data_path)
-    from trainer import tf_loader  # pylint: disable=g-import-not-at-top
+    params = Classification(dataset=args.dataset, data_path=args.data_path)
+    from trainer import tf_loader
     tf_loader.load_tensorflow()
-    from trainer import data  # pylint: disable=g-import-not-at-top
-    from trainer.tasks import image_data  # pylint: disable=g-import-not-at-top
-    source = image_data.load_source(config)
+    from trainer import data  # Imports TensorFlow.
+    from trainer.tasks import image_data
+    source = image_data.load_source(params, seed=0)
     existing = [n for n in os.listdir(args.out) if n.endswith(".tfrecord") or
                 n == data.INDEX_FILE] if os.path.isdir(args.out) else []
     shards = [n for n in existing if n.endswith(".tfrecord")]
@@ -134,11 +135,11 @@ def main(argv=None) -> int:
 
 
 def _index(args) -> int:
-  from trainer import tf_loader  # pylint: disable=g-import-not-at-top
+  from trainer import tf_loader
   tf_loader.load_tensorflow()
-  from trainer import data  # pylint: disable=g-import-not-at-top
-  from trainer.data import records  # pylint: disable=g-import-not-at-top
-  paths = records.glob_files(args.index, "--index")
+  from trainer import data  # Imports TensorFlow.
+  from trainer.data import record_files
+  paths = record_files.glob_files(args.index, "--index")
   folders = sorted({os.path.dirname(p) for p in paths})
   facts = {"num_classes": args.num_classes} if args.num_classes else {}
   for folder in folders:

@@ -13,9 +13,9 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # pylint: disable=g-import-not-at-top
-import pytest  # pylint: disable=g-import-not-at-top
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import numpy as np  # noqa: E402 (after the environment is set)
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 NUM_TEST_DEVICES = 4
 tf.config.set_logical_device_configuration(
@@ -24,7 +24,8 @@ tf.config.set_logical_device_configuration(
 # Initialise now, so no run in this process can re-split the CPU.
 assert len(tf.config.list_logical_devices("CPU")) == NUM_TEST_DEVICES
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
 
 
 def cli_env(**extra):
@@ -48,9 +49,14 @@ def _warm_server():
   """The session's fork server (started on first use), or None where there is
   no os.fork."""
   if not _fork_server:
-    from trainer.sweeps.forkserver import ForkServer  # pylint: disable=g-import-not-at-top
+    from trainer.sweeps.forkserver import ForkServer
     _fork_server.append(ForkServer.start(env=cli_env(), cwd=REPO))
   return _fork_server[0]
+
+
+def user_env(**extra):
+  """cli_env with tests/ on PYTHONPATH: `--task=user_tasks:NAME` imports."""
+  return cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]), **extra)
 
 
 def spawn_cli(*args, log_path, err_path=None, python_path=None):
@@ -61,39 +67,36 @@ def spawn_cli(*args, log_path, err_path=None, python_path=None):
   if server is None:
     pytest.skip("no fork server on this platform")
   return server.spawn(list(args), log_path=log_path, err_path=err_path,
-                      python_path=python_path or cli_env().get("PYTHONPATH"))
+                      python_path=python_path and os.pathsep.join([python_path,
+                                                                   REPO]))
 
 
-def run_cli(*args, timeout=240, cwd=None, env=None):
-  """Runs `python -m trainer.main ARGS` and returns the CompletedProcess.
-
-  With the default cwd and environment the run is forked warm from a fork server
-  (the sweep's, trainer/sweeps/forkserver.py: TensorFlow imported once), which
-  runs it as a cold process would (tests/test_sweep.py and test_forkserver.py
-  check that); it saves the suite minutes of imports. Tests of the cold start
-  itself (signals during imports, start-up noise) run their own processes.
-  """
-  command = [sys.executable, "-m", "trainer.main", *args]
-  default = cli_env()
-  # Warm when the environment is the default one, but for a PYTHONPATH.
-  warm = cwd is None and (env is None or {
-      key: value for key, value in env.items() if key != "PYTHONPATH"} == {
-          key: value for key, value in default.items() if key != "PYTHONPATH"})
-  if not warm or _warm_server() is None:
-    return subprocess.run(command, cwd=cwd or REPO, env=env or default,
-                          capture_output=True, text=True, timeout=timeout,
-                          check=False)
+def run_cli(*args, python_path=None, timeout=240):
+  """Runs `python -m trainer.main ARGS` warm, forked from the sweep's fork server
+  (trainer/sweeps/forkserver.py: TensorFlow imported once), which runs it as a
+  cold process would (tests/test_forkserver.py checks that): the suite saves
+  minutes of imports. `python_path` (e.g. TESTS, for `--task=user_tasks:NAME`)
+  goes on PYTHONPATH. Returns the CompletedProcess."""
   with tempfile.TemporaryDirectory() as scratch:
     out, err = os.path.join(scratch, "out"), os.path.join(scratch, "err")
-    process = spawn_cli(*args, log_path=out, err_path=err,
-                        python_path=(env or {}).get("PYTHONPATH"))
+    process = spawn_cli(*args, log_path=out, err_path=err, python_path=python_path)
     try:
       code = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
       process.kill()
       raise
     with open(out) as f_out, open(err) as f_err:
-      return subprocess.CompletedProcess(command, code, f_out.read(), f_err.read())
+      return subprocess.CompletedProcess(["trainer.main", *args], code, f_out.read(),
+                                         f_err.read())
+
+
+def run_cold(*args, env=None, cwd=None, timeout=240):
+  """Runs `python -m trainer.main ARGS` as a new Python process (its own
+  environment, e.g. a TF_CONFIG, or working directory). Returns the
+  CompletedProcess."""
+  return subprocess.run([sys.executable, "-m", "trainer.main", *args],
+                        cwd=cwd or REPO, env=env or cli_env(), capture_output=True,
+                        text=True, timeout=timeout, check=False)
 
 
 def checkpoint_values(checkpoint_dir):
@@ -116,9 +119,20 @@ def assert_bit_identical(run_a, run_b) -> dict:
   a = checkpoint_values(os.path.join(run_a, "checkpoints"))
   b = checkpoint_values(os.path.join(run_b, "checkpoints"))
   assert a.keys() == b.keys()
-  for key in set(a) - {"save_counter/.ATTRIBUTES/VARIABLE_VALUE"}:
+  for key in set(a) - {"save_counter/.ATTRIBUTES/VARIABLE_VALUE", RECORD}:
     assert np.array_equal(a[key], b[key]), key
+  # The run record says the same, but for the flags (--model_dir differs).
+  assert _record(a) == _record(b)
   return a
+
+
+RECORD = "record/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _record(values) -> dict:
+  record = json.loads(values[RECORD].item().decode())
+  record.pop("flags", None)
+  return record
 
 
 def read_results(model_dir) -> dict:
@@ -128,7 +142,7 @@ def read_results(model_dir) -> dict:
 
 def read_scalars(directory) -> dict:
   """{tag: [(step, value)]} of the event files in `directory`, none dropped."""
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.backend.event_processing import event_accumulator
   accumulator = event_accumulator.EventAccumulator(
       directory, size_guidance={event_accumulator.TENSORS: 0})
   accumulator.Reload()
@@ -140,3 +154,21 @@ def read_scalars(directory) -> dict:
 @pytest.fixture
 def model_dir(tmp_path):
   return str(tmp_path / "run")
+
+
+def assert_close(run_a, run_b, atol=1e-5):
+  """Asserts two runs' latest float variables differ by at most `atol`."""
+  a, b = float_values(run_a), float_values(run_b)
+  assert a.keys() == b.keys()
+  for key in a:
+    assert np.max(np.abs(a[key] - b[key])) <= atol, key
+
+
+def one_line_error(process, fragment, code=2):
+  """Asserts the process failed with `code` and one `error:` line holding
+  `fragment`, and no traceback."""
+  assert process.returncode == code, process.stdout[-2000:] + process.stderr
+  lines = process.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), process.stderr
+  assert "Traceback" not in process.stdout + process.stderr
+  assert fragment in lines[0], lines[0]

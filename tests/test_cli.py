@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (REPO, assert_bit_identical, checkpoint_values, cli_env,
+from conftest import (REPO, assert_bit_identical, checkpoint_values, cli_env, run_cold,
                        read_results, run_cli)
 
 SHORT = ["--model=mlp", "--per_replica_batch_size=16", "--optimizer=sgd"]
@@ -42,7 +42,7 @@ def test_quickstart_end_to_end(model_dir):
 
 
 def test_default_run_needs_no_flags(tmp_path):
-  process = run_cli("--train_steps=20", cwd=str(tmp_path))
+  process = run_cold("--train_steps=20", cwd=str(tmp_path))
   assert process.returncode == 0, process.stderr
   (run,) = os.listdir(tmp_path / "runs")
   assert f"model_dir runs/{run}:" in process.stdout

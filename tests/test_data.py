@@ -7,9 +7,10 @@ import pytest
 import tensorflow as tf
 
 from trainer import data
-from trainer.config import Config
+from trainer.distribute.cluster import Cluster
 from trainer.errors import DataError
 from trainer.tasks import image_data
+from trainer.tasks.classification import Classification
 
 
 def _source(n_train=40):
@@ -23,6 +24,10 @@ def _eval_split(n_test=10):
                         np.arange(n_test) % 3)
 
 
+def _order(global_batch_size=8, seed=0, shuffle=True):
+  return data.Order(seed=seed, shuffle=shuffle, global_batch_size=global_batch_size)
+
+
 def _ids(dataset, num_batches):
   """The example ids (x is the id) of the first batches of a dataset."""
   return [batch[0].numpy()[:, 0].astype(int).tolist()
@@ -30,27 +35,23 @@ def _ids(dataset, num_batches):
 
 
 def test_digits_ships_offline_and_is_split():
-  source = image_data.load_source(Config())
+  source = image_data.load_source(Classification(), seed=0)
   assert source.x_train.shape[1:] == (8, 8, 1) and source.num_classes == 10
   assert len(source.x_train) + len(source.x_test) == 1797
 
 
 def test_order_is_a_pure_function_of_seed_and_step():
   source = _source()
-  full = _ids(data.train_dataset(source, global_batch_size=8, seed=3, shuffle=True,
-                                 start_step=0), 12)
-  resumed = _ids(data.train_dataset(source, global_batch_size=8, seed=3, shuffle=True,
-                                    start_step=7), 5)
+  full = _ids(source.train_dataset(_order(seed=3), start_step=0), 12)
+  resumed = _ids(source.train_dataset(_order(seed=3), start_step=7), 5)
   assert resumed == full[7:12]
-  other_seed = _ids(data.train_dataset(source, global_batch_size=8, seed=4,
-                                       shuffle=True, start_step=0), 5)
+  other_seed = _ids(source.train_dataset(_order(seed=4), start_step=0), 5)
   assert other_seed != full[:5]
 
 
 def test_each_epoch_is_a_new_permutation_without_partial_batches():
   source = _source(n_train=36)  # 4 batches of 8 per epoch; 4 examples dropped.
-  batches = _ids(data.train_dataset(source, global_batch_size=8, seed=0, shuffle=True,
-                                    start_step=0), 8)
+  batches = _ids(source.train_dataset(_order(), start_step=0), 8)
   epoch0, epoch1 = sum(batches[:4], []), sum(batches[4:], [])
   assert len(set(epoch0)) == 32 and len(set(epoch1)) == 32  # No repeats in an epoch.
   assert epoch0 != epoch1
@@ -58,22 +59,35 @@ def test_each_epoch_is_a_new_permutation_without_partial_batches():
 
 
 def test_unshuffled_order_is_the_stored_order():
-  batches = _ids(data.train_dataset(_source(), global_batch_size=8, seed=0,
-                                    shuffle=False, start_step=1), 2)
+  batches = _ids(_source().train_dataset(_order(shuffle=False), start_step=1), 2)
   assert batches == [list(range(8, 16)), list(range(16, 24))]
 
 
 def test_too_small_training_set_is_a_clear_error():
-  with pytest.raises(DataError, match="has 40 examples, fewer than one global batch"):
-    data.train_dataset(_source(), global_batch_size=64, seed=0, shuffle=True,
-                       start_step=0)
+  with pytest.raises(DataError, match="has 40 examples, fewer than one global batch "
+                     r"of 64 \(32 per replica x 2 replicas\)"):
+    _source().check_training(Cluster(num_replicas=2), 64)
 
 
-def test_eval_pads_with_weight_zero_to_whole_batches():
-  dataset, num_batches = data.eval_dataset(_eval_split(10), global_batch_size=4)
+@pytest.mark.parametrize("split", [
+    _eval_split(10),
+    data.as_task_data(tf.data.Dataset.from_tensor_slices(
+        (np.arange(10, dtype=np.float32)[:, None], np.arange(10) % 3)),
+                      what="test", finite=True),
+    data.as_task_data(lambda context: tf.data.Dataset.from_tensor_slices(
+        (np.arange(10, dtype=np.float32)[:, None], np.arange(10) % 3)),
+                      what="test", finite=True),
+])
+def test_eval_pads_with_weight_zero_to_whole_batches(split):
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  dataset, num_batches = split.eval_input(strategy, Cluster(), global_batch_size=4,
+                                          preprocess=lambda f: f)
   assert num_batches == 3
-  weights = np.concatenate([w.numpy() for _, _, w in dataset])
+  batches = list(dataset)
+  weights = np.concatenate([w.numpy() for _, _, w in batches])
   assert weights.tolist() == [1.0] * 10 + [0.0] * 2
+  ids = np.concatenate([x.numpy()[:, 0] for x, _, _ in batches])
+  assert ids[:10].tolist() == list(range(10))
 
 
 def _write_npz(path, **arrays):
@@ -94,7 +108,7 @@ def _write_npz(path, **arrays):
 def test_bad_npz_is_a_one_line_error(tmp_path, arrays, message):
   path = _write_npz(tmp_path / "bad.npz", **arrays)
   with pytest.raises(DataError) as e:
-    image_data.load_source(Config(dataset="npz", data_path=path))
+    image_data.load_source(Classification(dataset="npz", data_path=path), seed=0)
   assert message in str(e.value) and path in str(e.value)
   assert "\n" not in str(e.value)
 
@@ -103,25 +117,33 @@ def test_not_an_npz_file(tmp_path):
   path = tmp_path / "junk.npz"
   path.write_text("not a zip")
   with pytest.raises(DataError, match="not a readable .npz"):
-    image_data.load_source(Config(dataset="npz", data_path=str(path)))
+    image_data.load_source(Classification(dataset="npz", data_path=str(path)),
+                           seed=0)
 
 
 def test_distributed_batches_split_the_global_batch():
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  dataset = data.train_dataset(_source(), global_batch_size=8, seed=0, shuffle=False,
-                               start_step=0)
-  x, _ = next(iter(data.distribute(strategy, dataset)))
+  x, _ = next(iter(_source().train_input(strategy, Cluster(num_replicas=2),
+                                         _order(shuffle=False), start_step=0,
+                                         preprocess=lambda f: f)))
   parts = [t.numpy()[:, 0].tolist() for t in strategy.experimental_local_results(x)]
   assert parts == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_shipped_digits_are_scikit_learns():
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
-  from trainer.config import Config  # pylint: disable=g-import-not-at-top
-  from trainer.tasks import image_data  # pylint: disable=g-import-not-at-top
-  source, digits = image_data.load_source(Config()), load_digits()
+  from sklearn.datasets import load_digits
+  source, digits = image_data.load_source(Classification(), seed=0), load_digits()
   np.testing.assert_array_equal(
       np.concatenate([source.x_train, source.x_test])[..., 0], digits.images)
   np.testing.assert_array_equal(np.concatenate([source.y_train, source.y_test]),
                                 digits.target)
   assert source.x_train.dtype == np.uint8 and len(source.x_train) == 1437
+
+
+def test_a_batched_dataset_is_refused_and_an_unbatched_one_taken():
+  windows = tf.data.Dataset.from_tensor_slices(
+      (np.zeros((20, 4, 2), np.float32), np.zeros(20, np.float32)))
+  for batched in (windows.batch(5), windows.batch(5).prefetch(2).map(lambda x, y: (x, y))):
+    with pytest.raises(DataError, match="yields batches"):
+      data.as_task_data(batched, what="Task.train_data()")
+  assert data.as_task_data(windows.batch(5).unbatch(), what="Task.train_data()")

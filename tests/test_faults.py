@@ -17,16 +17,12 @@ import tensorflow as tf
 import trainer
 from trainer.config import Config
 from trainer.errors import DivergedError, ModelDirError
-from trainer.training import checkpoints as checkpoints_lib
+from trainer.training import checkpoint_files
 
-from conftest import (REPO, assert_bit_identical, checkpoint_values, cli_env,
-                      read_results, run_cli, spawn_cli)
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
-FAST = dict(dataset="digits", model="mlp", optimizer="sgd", learning_rate=0.1,
-            per_replica_batch_size=8, checkpoint_every=10, steps_per_loop=5,
-            summaries=False)
-
+from conftest import (REPO, TESTS, assert_bit_identical, checkpoint_values, cli_env,
+                      read_results, run_cli, run_cold, spawn_cli, user_env)
+import presets
+from presets import FAST, train
 
 
 def _files(directory):
@@ -41,8 +37,8 @@ def _ckpt_dir(model_dir):
 @pytest.mark.parametrize("damage", ["missing", "garbage"])
 def test_a_lost_checkpoint_index_neither_restarts_nor_deletes(model_dir, capsys,
                                                                damage):
-  trainer.train(Config(model_dir=model_dir, train_steps=40, **FAST))
-  assert checkpoints_lib.checkpoint_steps(_ckpt_dir(model_dir)) == [20, 30, 40]
+  train(*FAST, model_dir=model_dir, train_steps=40)
+  assert checkpoint_files.checkpoint_steps(_ckpt_dir(model_dir)) == [20, 30, 40]
   index = os.path.join(_ckpt_dir(model_dir), "checkpoint")
   if damage == "missing":
     os.remove(index)
@@ -50,23 +46,23 @@ def test_a_lost_checkpoint_index_neither_restarts_nor_deletes(model_dir, capsys,
     with open(index, "wb") as f:
       f.write(b"\x00\xffnot a checkpoint state {{")
   capsys.readouterr()
-  results = trainer.train(Config(model_dir=model_dir, train_steps=60, **FAST))
+  results = train(*FAST, model_dir=model_dir, train_steps=60)
   assert "resuming at step 40" in capsys.readouterr().out
   assert results["global_step"] == 60 and results["replica_batches"] == {
       "replica_0": 60}
   # Rotation kept the newest three; ckpt-40 went only once 50 and 60 existed.
-  assert checkpoints_lib.checkpoint_steps(_ckpt_dir(model_dir)) == [40, 50, 60]
+  assert checkpoint_files.checkpoint_steps(_ckpt_dir(model_dir)) == [40, 50, 60]
 
 
 def test_a_save_never_overwrites_a_checkpoint_it_did_not_write(model_dir):
-  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+  train(*FAST, model_dir=model_dir, train_steps=10)
   directory = _ckpt_dir(model_dir)
   # A newer checkpoint appears that is not readable: it is set aside, never
   # overwritten by the resumed run's own step-20 save.
   for suffix in (".index", ".data-00000-of-00001"):
     with open(os.path.join(directory, f"ckpt-20{suffix}"), "wb") as f:
       f.write(b"junk")
-  results = trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  results = train(*FAST, model_dir=model_dir, train_steps=20)
   assert results["global_step"] == 20
   names = _files(directory)
   assert "unreadable-ckpt-20.index" in names and "ckpt-20.index" in names
@@ -85,24 +81,23 @@ def _npz(path, classes):
 
 def test_changed_data_is_a_mismatch_and_renames_nothing(tmp_path):
   model_dir, data = str(tmp_path / "run"), tmp_path / "data.npz"
-  flags = dict(FAST, dataset="npz", data_path=_npz(data, classes=3))
-  trainer.train(Config(model_dir=model_dir, train_steps=10, **flags))
+  flags = (*FAST, "--dataset=npz", f"--data_path={_npz(data, classes=3)}")
+  train(*flags, model_dir=model_dir, train_steps=10)
   before = _files(_ckpt_dir(model_dir))
   _npz(data, classes=5)  # Same path, same flags: the layout check cannot see it.
-  with pytest.raises(ModelDirError, match=r"ckpt-10 does not fit the model being "
-                     r"built: weight 2 \(logits/kernel\) is \(128, 3\) there, "
-                     r"\(128, 5\) here"):
-    trainer.train(Config(model_dir=model_dir, train_steps=20, **flags))
+  with pytest.raises(ModelDirError, match=r"weight 2 \(logits/kernel\) is \(128, 3\) "
+                     r"there, \(128, 5\) here"):
+    train(*flags, model_dir=model_dir, train_steps=20)
   assert _files(_ckpt_dir(model_dir)) == before
   _npz(data, classes=3)
-  resumed = trainer.train(Config(model_dir=model_dir, train_steps=20, **flags))
+  resumed = train(*flags, model_dir=model_dir, train_steps=20)
   assert resumed["global_step"] == 20 and resumed["replica_batches"]["replica_0"] == 20
 
 
 def test_other_data_of_the_same_shapes_is_refused(tmp_path):
   model_dir, data = str(tmp_path / "run"), tmp_path / "data.npz"
-  flags = dict(FAST, dataset="npz", data_path=_npz(data, classes=3))
-  trainer.train(Config(model_dir=model_dir, train_steps=10, **flags))
+  flags = (*FAST, "--dataset=npz", f"--data_path={_npz(data, classes=3)}")
+  train(*flags, model_dir=model_dir, train_steps=10)
   rng = np.random.default_rng(1)  # Same shapes and classes, other examples.
   np.savez(data, x_train=rng.random((64, 6), np.float32),
            y_train=np.arange(64) % 3, x_test=rng.random((10, 6), np.float32),
@@ -110,26 +105,27 @@ def test_other_data_of_the_same_shapes_is_refused(tmp_path):
   before = _files(_ckpt_dir(model_dir))
   with pytest.raises(ModelDirError, match=r"trained on other data \(data_path "
                      r"differ"):
-    trainer.train(Config(model_dir=model_dir, train_steps=20, **flags))
+    train(*flags, model_dir=model_dir, train_steps=20)
   assert _files(_ckpt_dir(model_dir)) == before
 
 
 def test_lost_flags_then_another_model_is_a_mismatch(model_dir):
-  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+  train(*FAST, model_dir=model_dir, train_steps=10)
   os.remove(os.path.join(model_dir, "flags.txt"))
   before = _files(_ckpt_dir(model_dir))
   process = run_cli(f"--model_dir={model_dir}", "--train_steps=20", "--model=cnn",
                     "--dataset=digits", "--per_replica_batch_size=8", "--optimizer=sgd")
   assert process.returncode == 2, process.stderr
-  assert process.stderr.strip().count("\n") == 0 and "does not fit" in process.stderr
+  assert process.stderr.strip().count("\n") == 0
+  assert "--model=cnn (the run has mlp)" in process.stderr  # From the record.
   assert _files(_ckpt_dir(model_dir)) == before
-  resumed = trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  resumed = train(*FAST, model_dir=model_dir, train_steps=20)
   assert resumed["global_step"] == 20
 
 
 # 3. An evaluator never modifies the run it reads.
 def test_eval_mode_reads_a_run_without_changing_it(model_dir, capsys):
-  trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  train(*FAST, model_dir=model_dir, train_steps=20)
   directory = _ckpt_dir(model_dir)
   data_file = os.path.join(directory, "ckpt-20.data-00000-of-00001")
   with open(data_file, "r+b") as f:
@@ -144,8 +140,8 @@ def test_eval_mode_reads_a_run_without_changing_it(model_dir, capsys):
 
 
 def test_a_checkpoint_rotated_away_while_listing_is_retried(model_dir, monkeypatch):
-  trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
-  real = checkpoints_lib.checkpoint_steps
+  train(*FAST, model_dir=model_dir, train_steps=20)
+  real = checkpoint_files.checkpoint_steps
   listings = []
 
   def listing_with_a_vanished_step(directory):
@@ -153,7 +149,7 @@ def test_a_checkpoint_rotated_away_while_listing_is_retried(model_dir, monkeypat
     steps = real(directory)
     return steps + [30] if len(listings) == 1 else steps  # 30 "was just deleted".
 
-  monkeypatch.setattr(checkpoints_lib, "checkpoint_steps",
+  monkeypatch.setattr(checkpoint_files, "checkpoint_steps",
                       listing_with_a_vanished_step)
   results = trainer.train(Config(mode="eval", model_dir=model_dir))
   assert results["global_step"] == 20 and len(listings) >= 2
@@ -162,10 +158,10 @@ def test_a_checkpoint_rotated_away_while_listing_is_retried(model_dir, monkeypat
 
 # 4. A changed learning rate is applied and said.
 def test_a_new_learning_rate_on_resume_is_applied_and_said(model_dir, capsys):
-  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+  train(*FAST, model_dir=model_dir, train_steps=10)
   capsys.readouterr()
-  results = trainer.train(Config(model_dir=model_dir, train_steps=20,
-                                 **dict(FAST, learning_rate=0.05, summaries=True)))
+  results = train(*FAST, model_dir=model_dir, train_steps=20, learning_rate=0.05,
+                  summaries=True)
   assert "learning rate 0.05 (was 0.1)" in capsys.readouterr().out
   assert "--learning_rate=0.05\n" in open(os.path.join(model_dir, "flags.txt")).read()
   values = checkpoint_values(_ckpt_dir(model_dir))
@@ -176,9 +172,9 @@ def test_a_new_learning_rate_on_resume_is_applied_and_said(model_dir, capsys):
 
 # 5. Each rollback halves the previous rate, and a restart remembers.
 def test_rollbacks_halve_the_previous_rate_and_survive_a_restart(model_dir, capsys):
-  config = Config(model_dir=model_dir, train_steps=30, on_nan="rollback",
-                  **dict(FAST, learning_rate=1e12, checkpoint_every=1,
-                         steps_per_loop=1))
+  config = presets.config(*FAST, model_dir=model_dir, train_steps=30,
+                          on_nan="rollback", learning_rate=1e12, checkpoint_every=1,
+                          steps_per_loop=1)
   with pytest.raises(DivergedError):
     trainer.train(config)
   out = capsys.readouterr().out
@@ -194,8 +190,8 @@ def test_rollbacks_halve_the_previous_rate_and_survive_a_restart(model_dir, caps
 
 # 6. results.json covers the whole run; a no-op rerun changes nothing.
 def test_a_completed_run_rerun_changes_nothing(model_dir):
-  config = Config(model_dir=model_dir, train_steps=20, mode="train_and_eval",
-                  **dict(FAST, summaries=True))
+  config = presets.config(*FAST, model_dir=model_dir, train_steps=20,
+                          mode="train_and_eval", summaries=True)
   first = trainer.train(config)
   snapshot = {}
   for root, _, names in os.walk(model_dir):
@@ -214,17 +210,16 @@ def test_a_completed_run_rerun_changes_nothing(model_dir):
 
 
 def test_best_eval_and_totals_come_with_the_checkpoint(model_dir):
-  flags = dict(FAST, summaries=True)
-  trainer.train(Config(model_dir=model_dir, train_steps=20, mode="train_and_eval",
-                       eval_every=10, **flags))
+  train(*FAST, model_dir=model_dir, train_steps=20, mode="train_and_eval",
+        eval_every=10, summaries=True)
   first = read_results(model_dir)
   # A results.json from later steps that were lost (a kill after the eval, before
   # the checkpoint): the resumed run must not believe it.
   forged = dict(first, best_eval=dict(first["best_eval"], step=999, accuracy=1.0))
   with open(os.path.join(model_dir, "results.json"), "w") as f:
     json.dump(forged, f)
-  results = trainer.train(Config(model_dir=model_dir, train_steps=30,
-                                 mode="train_and_eval", eval_every=10, **flags))
+  results = train(*FAST, model_dir=model_dir, train_steps=30, mode="train_and_eval",
+                  eval_every=10, summaries=True)
   assert results["best_eval"]["step"] in (10, 20, 30)
   assert results["best_eval"]["accuracy"] < 1.0
   assert results["replica_batches"] == {"replica_0": 30}
@@ -295,26 +290,41 @@ def test_bad_input_is_one_line_and_writes_nothing(bad_files, model_dir, args,
 def test_bad_tf_config_is_one_line(model_dir, tf_config, fragment):
   env = cli_env()
   env["TF_CONFIG"] = json.dumps(tf_config)  # cli_env drops the caller's TF_CONFIG.
-  process = run_cli("--strategy=multi_worker", f"--model_dir={model_dir}", env=env)
+  process = run_cold("--strategy=multi_worker", f"--model_dir={model_dir}", env=env)
   assert process.returncode == 2
   (line,) = process.stderr.strip().splitlines()
   assert line.startswith("error: TF_CONFIG: ") and fragment in line
   assert not os.path.exists(model_dir)
 
 
-def test_garbage_flags_txt_is_one_line_for_eval_and_harmless_for_resume(model_dir):
-  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+@pytest.mark.parametrize("damage", [bytes(range(256)), b"--model=ml"])
+def test_a_damaged_flags_txt_is_replaced_by_the_checkpoints_record(model_dir, damage):
+  """A garbage or truncated flags.txt: eval says so in one line and uses the flags
+  the checkpoint recorded; the original command resumes and rewrites the file."""
+  train(*FAST, model_dir=model_dir, train_steps=10)
+  flags_txt = os.path.join(model_dir, "flags.txt")
+  with open(flags_txt, "wb") as f:
+    f.write(damage)
+  process = run_cli("--mode=eval", f"--model_dir={model_dir}")
+  assert process.returncode == 0, process.stderr
+  assert "does not parse" in process.stdout and "eval of step 10" in process.stdout
+  resumed = run_cli(*FAST, f"--model_dir={model_dir}", "--train_steps=20")
+  assert resumed.returncode == 0, resumed.stderr
+  assert "resuming at step 10" in resumed.stdout
+  assert "--task.model=mlp\n" in open(flags_txt).read()
+
+
+def test_flags_txt_without_a_checkpoint_to_fall_back_on_is_one_line(model_dir):
+  os.makedirs(model_dir)
   with open(os.path.join(model_dir, "flags.txt"), "wb") as f:
     f.write(bytes(range(256)))
   process = run_cli("--mode=eval", f"--model_dir={model_dir}")
   assert process.returncode == 2 and "flags.txt" in process.stderr
   assert process.stderr.strip().count("\n") == 0
-  resumed = trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
-  assert resumed["global_step"] == 20
 
 
 def test_inspect_survives_results_of_the_wrong_types(tmp_path):
-  from trainer import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  from trainer import inspect as inspect_lib
   run = tmp_path / "run"
   run.mkdir()
   (run / "results.json").write_text(json.dumps({
@@ -361,7 +371,7 @@ def test_sigterm_during_set_up_is_a_clean_stop(model_dir):
 ])
 def test_signals_during_final_eval_or_export_are_clean_stops(model_dir, marker,
                                                              signals):
-  env = cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
+  env = user_env()
   args = ["--task=user_tasks:SlowFinish", "--mode=train_and_eval", "--train_steps=10",
           "--steps_per_loop=10", f"--model_dir={model_dir}"]
   process = _start(*args, env=env)
@@ -374,7 +384,7 @@ def test_signals_during_final_eval_or_export_are_clean_stops(model_dir, marker,
   assert "Traceback" not in output and "KeyboardInterrupt" not in output
   results = read_results(model_dir)
   assert results["status"] == "interrupted" and results["global_step"] == 10
-  finished = run_cli(*args, env=env)
+  finished = run_cli(*args, python_path=TESTS)
   assert finished.returncode == 0, finished.stderr
   assert read_results(model_dir)["status"] == "completed"
   assert os.path.isdir(os.path.join(model_dir, "export"))
@@ -404,12 +414,12 @@ def test_a_sweep_stopped_while_a_trial_starts_records_it_interrupted(tmp_path):
 
 # Leftovers.
 def test_a_killed_save_leaves_nothing_behind_after_the_next_start(model_dir):
-  trainer.train(Config(model_dir=model_dir, train_steps=10, **FAST))
+  train(*FAST, model_dir=model_dir, train_steps=10)
   temp = os.path.join(_ckpt_dir(model_dir), "ckpt-20_temp")
   os.makedirs(temp)
   with open(os.path.join(temp, "part-00000-of-00001.data-00000-of-00001"), "w") as f:
     f.write("half a save")
-  trainer.train(Config(model_dir=model_dir, train_steps=20, **FAST))
+  train(*FAST, model_dir=model_dir, train_steps=20)
   assert not os.path.exists(temp)
 
 
@@ -445,7 +455,7 @@ def test_twenty_sigkills_at_random_moments_lose_nothing(tmp_path):
       time.sleep(rng.uniform(0.0, 2.0))
     process.kill()
     process.wait(timeout=60)
-    step = max(checkpoints_lib.checkpoint_steps(_ckpt_dir(killed)), default=-1)
+    step = max(checkpoint_files.checkpoint_steps(_ckpt_dir(killed)), default=-1)
     progressed += step > last_step
     last_step = step
   assert progressed >= 3  # Kills in training cut it short, run after run.
@@ -469,12 +479,19 @@ def _trained(log: str) -> bool:
     return False
 
 
-def test_eval_mode_on_a_directory_it_cannot_write(model_dir, monkeypatch):
-  trainer.train(Config(model_dir=model_dir, train_steps=5, **FAST))
+def test_eval_mode_on_a_directory_it_cannot_write(model_dir, monkeypatch, capsys):
+  """Another account watching a run: the evaluation is printed, and says that
+  nothing could be written."""
+  train(*FAST, model_dir=model_dir, train_steps=5)
   real_access = os.access
   monkeypatch.setattr(os, "access", lambda path, mode: (
       False if os.path.abspath(path) == os.path.abspath(model_dir)
       else real_access(path, mode)))  # As for a user without write permission.
-  with pytest.raises(ModelDirError, match=f"--model_dir={model_dir}: not writable"):
-    trainer.train(Config(mode="eval", model_dir=model_dir))
+  capsys.readouterr()
+  results = trainer.train(Config(mode="eval", model_dir=model_dir))
+  assert results["status"] == "evaluated" and results["global_step"] == 5
+  out = capsys.readouterr().out
+  assert "is not writable: this evaluation is printed only" in out
+  assert "eval of step 5: " in out
   assert not os.path.exists(os.path.join(model_dir, "eval_results.json"))
+  assert not os.path.exists(os.path.join(model_dir, "eval"))

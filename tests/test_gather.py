@@ -1,29 +1,32 @@
-"""--array_input=gather (trainer/data/gather.py): each replica gathers its own batch
-in-graph, the same examples `experimental_distribute_dataset` gives it."""
+"""--array_input=gather (trainer/data/arrays.py's GatherInput): each replica gathers
+its own batch in-graph, the same examples `experimental_distribute_dataset` gives
+it."""
 
 import numpy as np
 import tensorflow as tf
 
-from conftest import assert_bit_identical, read_results, run_cli
 from trainer import data
+from trainer.distribute.cluster import Cluster
+
+from conftest import assert_bit_identical, read_results, run_cli
 
 
 def test_each_replica_gathers_what_the_distributed_dataset_gives_it():
   x = np.arange(50 * 3, dtype=np.float32).reshape(50, 3)
   arrays = data.ArrayData(x, np.arange(50))
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  options = dict(global_batch_size=8, seed=4, shuffle=True)
-  gather = data.GatherInput(strategy=strategy, data=arrays, per_replica_batch_size=4,
-                            preprocess=lambda f: f * 2.0, **options)
+  order = data.Order(global_batch_size=8, seed=4, shuffle=True)
+  cluster = Cluster(num_replicas=2)
+  gather = arrays.gather_input(strategy, cluster, order, per_replica_batch_size=4,
+                               preprocess=lambda f: f * 2.0)
   copies = strategy.experimental_local_results(gather.arrays)
   assert [c[0].device.split("/")[-1] for c in copies] == ["device:CPU:0",
                                                           "device:CPU:1"]
   gathered = tf.function(lambda step: strategy.run(gather.replica_batch,
                                                    args=(step, gather.arrays)))
   for step in (0, 5, 6, 13):  # 6 steps an epoch: 6 and 13 are in later epochs.
-    dataset = data.train_dataset(arrays, start_step=step, preprocess=lambda f: f * 2.0,
-                                 **options)
-    expected = next(iter(data.distribute(strategy, dataset)))
+    expected = next(iter(arrays.train_input(strategy, cluster, order, start_step=step,
+                                            preprocess=lambda f: f * 2.0)))
     got = gathered(tf.constant(step, tf.int64))
     for want, have in zip(tf.nest.flatten(expected), tf.nest.flatten(got)):
       for a, b in zip(strategy.experimental_local_results(want),

@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, checkpoint_values, cli_env, read_results, run_cli
-from test_elastic import assert_close
+from conftest import (REPO, TESTS, assert_close, checkpoint_values, cli_env,
+                      read_results, run_cli, run_cold, user_env)
 
 pytestmark = pytest.mark.slow  # Clusters of processes: about 45 s in all.
 
@@ -242,7 +242,7 @@ def test_multi_worker_needs_tf_config_and_model_dir(tmp_path):
   assert "needs --model_dir" in result.stderr
   env = cli_env()
   env["TF_CONFIG"] = "{not json"  # cli_env drops any TF_CONFIG of the caller.
-  bad = run_cli("--strategy=multi_worker", f"--model_dir={tmp_path / 'run'}", env=env)
+  bad = run_cold("--strategy=multi_worker", f"--model_dir={tmp_path / 'run'}", env=env)
   assert bad.returncode == 2 and "TF_CONFIG: must be JSON" in bad.stderr
   assert not os.path.exists(tmp_path / "run")
 
@@ -253,8 +253,7 @@ def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
   """The regression task, a user task (subclassed model, custom loss) and a tf.data
   task (each worker reads its shard of every global batch) hold the multi-worker
   guarantees too: equal weights, every eval example counted once."""
-  env = cli_env(TMPDIR=str(tmp_path),
-                PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), REPO]))
+  env = user_env(TMPDIR=str(tmp_path))
   flags = [f"--task={task}", "--optimizer=sgd", "--learning_rate=0.05",
            "--per_replica_batch_size=8", "--train_steps=40", "--steps_per_loop=10",
            "--mode=train_and_eval", "--deterministic"]
@@ -265,7 +264,8 @@ def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
        f"--model_dir={workers_dir}"], cwd=REPO, env=env, capture_output=True,
       text=True, timeout=300, check=False)
   assert launched.returncode == 0, launched.stdout[-3000:]
-  mirrored = run_cli(*flags, "--cpu_devices=2", f"--model_dir={mirrored_dir}", env=env)
+  mirrored = run_cli(*flags, "--cpu_devices=2", f"--model_dir={mirrored_dir}",
+                     python_path=TESTS)
   assert mirrored.returncode == 0, mirrored.stderr
   workers = checkpoint_values(os.path.join(workers_dir, "checkpoints"))
   replicas = checkpoint_values(os.path.join(mirrored_dir, "checkpoints"))

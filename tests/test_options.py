@@ -9,18 +9,23 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import trainer
-from trainer.config import Config, parse_duration
+from trainer.config import parse_duration
 from trainer.errors import ConfigError
 from trainer.training import schedules
 
 from conftest import (assert_bit_identical, checkpoint_values, read_results,
                        read_scalars, run_cli)
+from presets import MLP_SGD, train
 
-SGD = dict(dataset="digits", model="mlp", optimizer="sgd", learning_rate=0.1,
-           per_replica_batch_size=8, summaries=False)
+SGD = (*MLP_SGD, "--learning_rate=0.1", "--per_replica_batch_size=8",
+       "--summaries=false")
 
 
+def _digits():
+  """The digits as the classification task loads them."""
+  from trainer.tasks import image_data
+  from trainer.tasks.classification import Classification
+  return image_data.load_source(Classification(), seed=0)
 
 
 def _model_weights(model_dir):
@@ -54,9 +59,8 @@ def test_schedules_at_chosen_steps():
 
 
 def test_the_summary_is_the_rate_applied_at_each_step(model_dir):
-  trainer.train(Config(model_dir=model_dir, train_steps=40, steps_per_loop=1,
-                       lr_schedule="cosine", warmup_steps=5, min_learning_rate=0.01,
-                       **dict(SGD, summaries=True)))
+  train(*SGD, model_dir=model_dir, train_steps=40, steps_per_loop=1,
+        lr_schedule="cosine", warmup_steps=5, min_learning_rate=0.01, summaries=True)
   rates = dict(read_scalars(os.path.join(model_dir, "train"))["learning_rate"])
   for step in (1, 3, 5, 6, 20, 40):  # The call ending at `step` ran step - 1.
     expected = 0.1 * _factor(step - 1, schedule="cosine", warmup_steps=5,
@@ -66,9 +70,8 @@ def test_the_summary_is_the_rate_applied_at_each_step(model_dir):
 
 # 2. Optimizers and clipping.
 def test_clipping_bounds_the_update_and_is_counted(model_dir):
-  trainer.train(Config(model_dir=model_dir, train_steps=1, steps_per_loop=1,
-                       clip_norm=0.01, checkpoint_every=1,
-                       **dict(SGD, learning_rate=1.0, summaries=True)))
+  train(*SGD, model_dir=model_dir, train_steps=1, steps_per_loop=1, clip_norm=0.01,
+        checkpoint_every=1, learning_rate=1.0, summaries=True)
   directory = os.path.join(model_dir, "checkpoints")
   first = tf.train.load_checkpoint(os.path.join(directory, "ckpt-0"))
   last = tf.train.load_checkpoint(os.path.join(directory, "ckpt-1"))
@@ -83,17 +86,17 @@ def test_clipping_bounds_the_update_and_is_counted(model_dir):
 
 @pytest.mark.parametrize("optimizer", ["adamw", "lion"])
 def test_new_optimizers_train(model_dir, optimizer):
-  results = trainer.train(Config(model_dir=model_dir, train_steps=30,
-                                 **dict(SGD, optimizer=optimizer, learning_rate=0.003)))
+  results = train(*SGD, model_dir=model_dir, train_steps=30, optimizer=optimizer,
+                  learning_rate=0.003)
   assert results["train"]["loss"] < 2.0
 
 
 # 3. Gradient accumulation.
 def test_accumulated_micro_batches_equal_one_large_batch(tmp_path):
-  accumulated = trainer.train(Config(model_dir=str(tmp_path / "a"), train_steps=10,
-                                     grad_accum_steps=4, **SGD))
-  large = trainer.train(Config(model_dir=str(tmp_path / "b"), train_steps=10,
-                               **dict(SGD, per_replica_batch_size=32)))
+  accumulated = train(*SGD, model_dir=str(tmp_path / "a"), train_steps=10,
+                      grad_accum_steps=4)
+  large = train(*SGD, model_dir=str(tmp_path / "b"), train_steps=10,
+                per_replica_batch_size=32)
   assert accumulated["global_step"] == large["global_step"] == 10
   assert accumulated["replica_batches"] == {"replica_0": 40}  # Micro-batches.
   a, b = _model_weights(tmp_path / "a"), _model_weights(tmp_path / "b")
@@ -103,14 +106,13 @@ def test_accumulated_micro_batches_equal_one_large_batch(tmp_path):
 
 # 4. EMA.
 def test_ema_weights_are_what_eval_and_export_use(model_dir):
-  results = trainer.train(Config(model_dir=model_dir, train_steps=30,
-                                 mode="train_and_eval", ema_decay=0.9, **SGD))
+  results = train(*SGD, model_dir=model_dir, train_steps=30, mode="train_and_eval",
+                  ema_decay=0.9)
   values = checkpoint_values(os.path.join(model_dir, "checkpoints"))
   raw = [values[f"model/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(4)]
   ema = [values[f"ema/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(4)]
   assert not np.allclose(raw[0], ema[0])
-  from trainer.tasks import image_data  # pylint: disable=g-import-not-at-top
-  source = image_data.load_source(Config())
+  source = _digits()
   x = source.x_test.astype(np.float32)
   served = tf.saved_model.load(os.path.join(model_dir, "export"))
   logits = served.signatures["serving_default"](inputs=x)["logits"].numpy()
@@ -125,10 +127,10 @@ def test_ema_weights_are_what_eval_and_export_use(model_dir):
 def test_best_checkpoint_survives_rotation_and_export_best_reproduces_it(model_dir):
   # "Best" = the highest loss, so the best step is an early one that rotation
   # (--keep_checkpoints=1) removes from checkpoints/ while best/ keeps it.
-  results = trainer.train(Config(
-      model_dir=model_dir, train_steps=60, mode="train_and_eval", eval_every=10,
-      keep_checkpoints=1, checkpoint_every=10, best_metric="eval/loss",
-      best_goal="max", **dict(SGD, learning_rate=0.5, summaries=True)))
+  results = train(*SGD, model_dir=model_dir, train_steps=60, mode="train_and_eval",
+                  eval_every=10, keep_checkpoints=1, checkpoint_every=10,
+                  best_metric="eval/loss", best_goal="max", learning_rate=0.5,
+                  summaries=True)
   best = results["best_eval"]
   assert best["step"] < 60
   assert not os.path.exists(os.path.join(model_dir, "checkpoints",
@@ -136,8 +138,7 @@ def test_best_checkpoint_survives_rotation_and_export_best_reproduces_it(model_d
   best_dir = os.path.join(model_dir, "checkpoints", "best")
   assert os.listdir(best_dir) and all(
       n.startswith(f"ckpt-{best['step']}.") for n in os.listdir(best_dir))
-  from trainer.tasks import image_data  # pylint: disable=g-import-not-at-top
-  source = image_data.load_source(Config())
+  source = _digits()
   served = tf.saved_model.load(results["export_best_dir"])
   logits = served.signatures["serving_default"](
       inputs=source.x_test.astype(np.float32))["logits"].numpy()
@@ -167,15 +168,15 @@ def test_early_stopping_stops_at_the_evaluation_and_exits_0(model_dir):
 # 7. Warm start.
 def test_warm_start_restores_what_fits_and_names_the_rest(tmp_path, capsys):
   source_dir = str(tmp_path / "source")
-  trainer.train(Config(model_dir=source_dir, train_steps=20, **SGD))
+  train(*SGD, model_dir=source_dir, train_steps=20)
   rng = np.random.default_rng(0)
   data = tmp_path / "three.npz"
   np.savez(data, x_train=rng.integers(0, 17, (64, 8, 8, 1)).astype(np.uint8),
            y_train=np.arange(64) % 3, x_test=np.zeros((8, 8, 8, 1), np.uint8),
            y_test=np.arange(8) % 3)
   tuned_dir = str(tmp_path / "tuned")
-  trainer.train(Config(model_dir=tuned_dir, train_steps=5, init_checkpoint=source_dir,
-                       **dict(SGD, dataset="npz", data_path=str(data))))
+  train(*SGD, "--dataset=npz", f"--data_path={data}", model_dir=tuned_dir,
+        train_steps=5, init_checkpoint=source_dir)
   out = capsys.readouterr().out
   assert "restored 2 of 4 model weights; not restored: logits/kernel ((128, 10) " \
          "there, (128, 3) here), logits/bias" in out
@@ -189,19 +190,18 @@ def test_warm_start_restores_what_fits_and_names_the_rest(tmp_path, capsys):
 
 def test_warm_start_refuses_a_checkpoint_where_nothing_fits(tmp_path):
   source_dir = str(tmp_path / "cnn")
-  trainer.train(Config(model_dir=source_dir, train_steps=2, **dict(SGD, model="cnn")))
+  train(*SGD, "--model=cnn", model_dir=source_dir, train_steps=2)
   target = str(tmp_path / "mlp")
   with pytest.raises(ConfigError, match=r"--init_checkpoint=.*: none of its 6 model "
                      r"weights fit the model being built"):
-    trainer.train(Config(model_dir=target, train_steps=2, init_checkpoint=source_dir,
-                         **SGD))
+    train(*SGD, model_dir=target, train_steps=2, init_checkpoint=source_dir)
   assert not os.path.exists(target)
 
 
 # 8. Profiler.
 def test_profile_steps_write_a_trace_and_where_a_step_went(model_dir, capsys):
-  results = trainer.train(Config(model_dir=model_dir, train_steps=12,
-                                 profile_steps=(5, 8), cpu_devices=2, **SGD))
+  results = train(*SGD, model_dir=model_dir, train_steps=12, profile_steps=(5, 8),
+                  cpu_devices=2)
   [trace] = glob.glob(os.path.join(model_dir, "train", "plugins", "profile", "*",
                                    "*.xplane.pb"))
   breakdown = read_results(model_dir)["profile"]
@@ -218,16 +218,15 @@ def test_profile_steps_write_a_trace_and_where_a_step_went(model_dir, capsys):
 
 def test_a_trace_that_cannot_be_read_does_not_fail_the_run(model_dir, capsys,
                                                           monkeypatch):
-  from google.protobuf.message import DecodeError  # pylint: disable=g-import-not-at-top
+  from google.protobuf.message import DecodeError
 
-  from trainer.training import profile  # pylint: disable=g-import-not-at-top
+  from trainer.training import profile
 
   def corrupt(*unused_args, **unused_kwargs):
     raise DecodeError("Error parsing message")
 
   monkeypatch.setattr(profile, "step_breakdown", corrupt)
-  results = trainer.train(Config(model_dir=model_dir, train_steps=8,
-                                 profile_steps=(3, 4), **SGD))
+  results = train(*SGD, model_dir=model_dir, train_steps=8, profile_steps=(3, 4))
   assert results["status"] == "completed" and "profile" not in results
   assert ("note: no step breakdown from the profile (DecodeError: Error parsing "
           "message)") in capsys.readouterr().out

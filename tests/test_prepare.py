@@ -10,24 +10,10 @@ import sys
 
 import pytest
 
-from conftest import REPO, cli_env, read_results, run_cli
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
+from conftest import TESTS, cli_env, one_line_error, read_results, run_cli
 TEXT = ["--task=user_tasks:TextBag", "--cpu_devices=2", "--per_replica_batch_size=8",
         "--train_steps=20", "--steps_per_loop=10", "--learning_rate=0.05",
         "--mode=train_and_eval"]
-
-
-def _env():
-  return cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
-
-
-def _one_line_error(process, fragment, code=2):
-  assert process.returncode == code, process.stdout[-2000:] + process.stderr
-  lines = process.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: "), process.stderr
-  assert "Traceback" not in process.stdout + process.stderr
-  assert fragment in lines[0], lines[0]
 
 
 _SERVE = """
@@ -43,7 +29,7 @@ print(json.dumps(float(np.mean((logits > 0) == (labels > 0)))))
 
 
 def test_raw_strings_train_evaluate_and_serve_from_the_export(model_dir):
-  trained = run_cli(*TEXT, f"--model_dir={model_dir}", env=_env())
+  trained = run_cli(*TEXT, f"--model_dir={model_dir}", python_path=TESTS)
   assert trained.returncode == 0, trained.stderr
   results = read_results(model_dir)
   assert results["eval"]["examples"] == 60
@@ -59,25 +45,25 @@ def test_raw_strings_train_evaluate_and_serve_from_the_export(model_dir):
 
 def test_a_resource_the_export_cannot_find_is_one_line(model_dir):
   process = run_cli(*TEXT, "--task.hide_vectorizer=true", f"--model_dir={model_dir}",
-                    env=_env())
-  _one_line_error(process, "uses StaticHashTable (a TensorFlow resource) that is "
-                  "neither the model's nor an attribute of the task")
+                    python_path=TESTS)
+  one_line_error(process, "uses StaticHashTable (a TensorFlow resource) that is "
+                 "neither the model's nor an attribute of the task", code=8)
   assert read_results(model_dir)["status"] == "unexported"
   assert os.path.exists(os.path.join(model_dir, "checkpoints", "ckpt-20.index"))
 
 
 def test_a_resume_that_prepares_another_vocabulary_is_refused(model_dir):
-  first = run_cli(*TEXT, "--mode=train", f"--model_dir={model_dir}", env=_env())
+  first = run_cli(*TEXT, "--mode=train", f"--model_dir={model_dir}", python_path=TESTS)
   assert first.returncode == 0, first.stderr
   resumed = run_cli(*TEXT, "--mode=train", "--train_steps=30", "--task.extra_words=5",
-                    f"--model_dir={model_dir}", env=_env())
-  _one_line_error(resumed, "trained on other data (prepared differ")
+                    f"--model_dir={model_dir}", python_path=TESTS)
+  one_line_error(resumed, "trained on other data (prepared differ")
 
 
 def test_tensorflow_work_before_the_devices_names_the_task(model_dir):
   process = run_cli(*TEXT, "--task=user_tasks:EarlyAdapt", f"--model_dir={model_dir}",
-                    env=_env())
-  _one_line_error(process, "EarlyAdapt(...) (its __init__ or __post_init__) ran "
+                    python_path=TESTS)
+  one_line_error(process, "EarlyAdapt(...) (its __init__ or __post_init__) ran "
                   "TensorFlow before the devices were set up; do that work in "
                   "Task.prepare()")
   assert not os.path.exists(model_dir)
@@ -85,15 +71,15 @@ def test_tensorflow_work_before_the_devices_names_the_task(model_dir):
 
 def test_a_batched_dataset_is_one_line(model_dir):
   process = run_cli("--task=user_tasks:BatchedSeries", f"--model_dir={model_dir}",
-                    env=_env())
-  _one_line_error(process, "Task.train_data(): the dataset yields batches")
+                    python_path=TESTS)
+  one_line_error(process, "Task.train_data(): the dataset yields batches")
   assert "batch_size=None" in process.stderr
   assert not os.path.exists(model_dir)
 
 
 def test_the_export_takes_the_models_input_shape_where_the_data_has_none(model_dir):
   process = run_cli("--task=user_tasks:BatchedSeries", "--task.batched=false",
-                    "--train_steps=4", f"--model_dir={model_dir}", env=_env())
+                    "--train_steps=4", f"--model_dir={model_dir}", python_path=TESTS)
   assert process.returncode == 0, process.stderr
   served = subprocess.run(
       [sys.executable, "-c", "import tensorflow as tf; s = tf.saved_model.load("

@@ -1,4 +1,4 @@
-"""TFRecord input (trainer/data/records.py, inputs.py): sharding, the (seed, step)
+"""TFRecord input (trainer/data/records.py, shards.py): sharding, the (seed, step)
 order and its resume arithmetic, exact evaluation, bad records. In-process."""
 
 import dataclasses
@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import trainer
 import user_tasks
 from trainer import data
-from trainer.config import Config
 from trainer.data import records
+from trainer.distribute.cluster import Cluster
 from trainer.errors import DataError
+
+from presets import train
 
 RECORDS_PER_FILE = (7, 0, 12, 5, 9, 3)  # Uneven, one file empty.
 
@@ -70,7 +71,7 @@ def test_pipelines_partition_the_records(files, num_pipelines):
   seen = []
   for p in range(num_pipelines):
     shard = source.shard(num_pipelines, p)
-    values = sorted(int(v) for v, _ in shard.eval_records())
+    values = sorted(int(v) for v, _ in source.parsed(shard.eval_stream()))
     assert len(values) == shard.num_examples
     seen += values
     if num_pipelines <= len(RECORDS_PER_FILE):  # File-level: its own files only.
@@ -88,16 +89,15 @@ def test_a_stream_started_anywhere_continues_the_full_stream(files, num_pipeline
     shard = source.shard(num_pipelines, p)
     size = shard.num_examples
     total = 3 * size + 10
-    full = _values(shard.train_stream(seed=5, shuffle=shuffle, buffer=4,
-                                      position=0), total)
+    order = data.Order(seed=5, shuffle=shuffle, buffer=4)
+    full = _values(shard.train_stream(order, position=0), total)
     epochs = [full[i * size:(i + 1) * size] for i in range(3)]
     assert (epochs[0] != epochs[1]) == shuffle  # Each epoch its own order.
     for values, epoch in zip(epoch_values, epochs):
       values += epoch
     for position in (1, 6, size - 1, size, size + 3, 2 * size + 5) if p in (
         0, num_pipelines - 1) else ():
-      resumed = shard.train_stream(seed=5, shuffle=shuffle, buffer=4,
-                                   position=position)
+      resumed = shard.train_stream(order, position=position)
       assert _values(resumed, total - position) == full[position:], position
   # Each epoch, the pipelines together read every record exactly once.
   assert all(sorted(values) == list(range(36)) for values in epoch_values)
@@ -105,16 +105,18 @@ def test_a_stream_started_anywhere_continues_the_full_stream(files, num_pipeline
 
 def test_the_seed_changes_the_order(files):
   shard = _records(files).shard(1, 0)
-  first, second = (_values(shard.train_stream(seed=seed, shuffle=True, buffer=8,
-                                              position=0), 36) for seed in (1, 2))
+  first, second = (_values(shard.train_stream(
+      data.Order(seed=seed, shuffle=True, buffer=8), position=0), 36)
+                    for seed in (1, 2))
   assert first != second and sorted(first) == sorted(second)
 
 
 def test_resume_reads_at_most_one_block(files):
   shard = _records(files, files_per_block=2).shard(1, 0)
-  epoch, block, skip = shard.start(36 * 4 + 20, seed=3, shuffle=True)
+  order = data.Order(seed=3, shuffle=True)
+  epoch, block, skip = shard.start(36 * 4 + 20, order)
   assert epoch == 4
-  block_files = shard.block_files(epoch, block, seed=3, shuffle=True)
+  block_files = shard.block_files(epoch, block, order)
   block_records = sum(RECORDS_PER_FILE[int(p.rsplit("-", 1)[1].split(".")[0])]
                       for p in block_files)
   assert skip < block_records  # Only the block's records already trained on.
@@ -139,20 +141,19 @@ def test_bad_files_are_one_line_naming_the_file(files, tmp_path):
 
 
 def test_a_pipeline_function_task_evaluates_every_example_once(tmp_path):
-  config = Config(model_dir=str(tmp_path / "run"), cpu_devices=4,
+  results = train(model_dir=str(tmp_path / "run"), cpu_devices=4,
                   per_replica_batch_size=4, train_steps=20, mode="train_and_eval",
-                  learning_rate=0.01, summaries=False)
-  results = trainer.train(config, task=user_tasks.PipelineQuadratic(hidden=8))
+                  learning_rate=0.01, summaries=False,
+                  task=user_tasks.PipelineQuadratic(hidden=8))
   assert results["eval"]["examples"] == 77  # 5 global batches of 16, 3 padded.
   assert results["replica_batches"] == {f"replica_{i}": 20 for i in range(4)}
 
 
 def test_a_pipeline_function_task_on_two_replicas_matches_one_device(tmp_path):
   def weights(devices):
-    config = Config(model_dir=str(tmp_path / f"d{devices}"), cpu_devices=devices,
-                    global_batch_size=16, train_steps=15, learning_rate=0.05,
-                    optimizer="sgd", summaries=False, shuffle=False)
-    trainer.train(config, task=user_tasks.PipelineQuadratic(hidden=8))
+    train(model_dir=str(tmp_path / f"d{devices}"), cpu_devices=devices,
+          global_batch_size=16, train_steps=15, learning_rate=0.05, optimizer="sgd",
+          summaries=False, shuffle=False, task=user_tasks.PipelineQuadratic(hidden=8))
     reader = tf.train.load_checkpoint(str(tmp_path / f"d{devices}" / "checkpoints"))
     return {k: reader.get_tensor(k) for k, _ in tf.train.list_variables(
         str(tmp_path / f"d{devices}" / "checkpoints")) if k.startswith("model/")}
@@ -171,22 +172,22 @@ def test_records_identity_changes_with_the_files(files):
 def test_replicas_get_consecutive_batches_of_the_stream_as_replay_reads_them(files):
   source = _records(files)
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  options = dict(global_batch_size=8, seed=2, shuffle=True, shuffle_buffer=8,
-                 start_step=5)
-  distributed = data.train_input(strategy, source, preprocess=lambda f: f, **options)
+  order = data.Order(global_batch_size=8, seed=2, shuffle=True, buffer=8)
+  distributed = source.train_input(strategy, Cluster(num_replicas=2), order,
+                                   start_step=5, preprocess=lambda f: f)
   values, _ = next(iter(distributed))
   per_replica = [v.numpy() for v in strategy.experimental_local_results(values)]
   assert [len(v) for v in per_replica] == [4, 4]
-  (replayed, _), = data.host_batches(source, num_replicas=2, count=1, **options)
+  (replayed, _), = source.host_batches(order, num_replicas=2, start_step=5, count=1)
   np.testing.assert_array_equal(np.concatenate(per_replica), replayed.numpy())
-  stream = source.shard(1, 0).train_stream(seed=2, shuffle=True, buffer=8,
-                                           position=0)
+  stream = source.shard(1, 0).train_stream(order, position=0)
   assert list(replayed.numpy()) == _values(stream, 48)[40:48]  # Step 5 of 8 each.
 
 
 def test_a_bad_record_is_looked_for_in_every_block_a_loop_call_read(files):
   shard = _records(files, files_per_block=2).shard(1, 0)
-  one_record = shard.files_read(0, 1, seed=3, shuffle=True)
+  order = data.Order(seed=3, shuffle=True)
+  one_record = shard.files_read(0, 1, order)
   assert len(one_record) == 4  # Its block, and the next (prefetched).
-  epoch = shard.files_read(0, 36, seed=3, shuffle=True)
-  assert sorted(epoch) == sorted(shard.records.paths)  # Every file, once.
+  epoch = shard.files_read(0, 36, order)
+  assert sorted(epoch) == sorted(shard.paths)  # Every file, once.

@@ -13,9 +13,7 @@ import pytest
 import trainer
 from trainer import config as config_lib
 
-from conftest import REPO, cli_env, float_values, run_cli
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
+from conftest import REPO, TESTS, float_values, run_cli, user_env
 OPTIMIZERS = ["sgd", "momentum", "adam", "adamw", "lion"]
 # Clipping, accumulation and EMA on: every path a sparse gradient takes.
 FLAGS = ["--task=user_tasks:BagOfTokens", "--learning_rate=0.05", "--shuffle=false",
@@ -50,7 +48,7 @@ def test_two_replicas_equal_one_device(tmp_path, optimizer, accumulation):
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_two_workers_equal_one_device(tmp_path, optimizer):
-  env = cli_env(TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join([TESTS, REPO]))
+  env = user_env(TMPDIR=str(tmp_path))
   launched = subprocess.run(
       [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
        "--num_workers=2", "--grace_seconds=5", "--", *FLAGS,
@@ -65,10 +63,10 @@ def test_two_workers_equal_one_device(tmp_path, optimizer):
 
 def test_replay_dumps_a_sparse_gradient_densely(tmp_path):
   model_dir = tmp_path / "run"
-  env = cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
+  env = user_env()
   trained = run_cli(*FLAGS, "--optimizer=adam", "--cpu_devices=1",
                     "--per_replica_batch_size=16", "--checkpoint_every=3",
-                    f"--model_dir={model_dir}", env=env)
+                    f"--model_dir={model_dir}", python_path=TESTS)
   assert trained.returncode == 0, trained.stderr
   dump = tmp_path / "step5.npz"
   replayed = subprocess.run(

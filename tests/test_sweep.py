@@ -278,7 +278,7 @@ def test_several_spec_files_and_the_command_line_combine(tmp_path):
     (["--grid=task.hidden=8,x", "--", "--task=regression"],
      "'x' is not a valid int for --task.hidden"),
     (["--grid=task.hidden=0,8", "--metric=eval/mae", "--", "--task=regression",
-      "--mode=train_and_eval"], "trial task.hidden=0: --task=regression: hidden=0"),
+      "--mode=train_and_eval"], "trial task.hidden=0: --task.hidden=0: must be >= 1"),
     (["--grid=learning_rate=0.1", "--metric=accuracy"],
      "--metric=accuracy: use eval/NAME, train/NAME or examples_per_second"),
 ])

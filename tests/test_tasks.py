@@ -14,24 +14,9 @@ from trainer.outputs import progress
 from trainer.tasks import regression
 
 import user_tasks
-from conftest import (REPO, assert_bit_identical, cli_env, float_values, read_results,
-                       read_scalars, run_cli)
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
-def _user_env():
-  return cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
-
-
-
-
-def _assert_one_line_error(process, fragment):
-  assert process.returncode == 2, process.stdout + process.stderr
-  lines = process.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: "), process.stderr
-  assert "Traceback" not in process.stdout + process.stderr
-  assert fragment in lines[0], lines[0]
+from conftest import (REPO, TESTS, assert_bit_identical, float_values, one_line_error,
+                      read_results, read_scalars, run_cli)
+from presets import train
 
 
 def test_user_task_from_the_command_line_trains_evaluates_and_exports(model_dir):
@@ -39,7 +24,7 @@ def test_user_task_from_the_command_line_trains_evaluates_and_exports(model_dir)
           "--cpu_devices=2", "--per_replica_batch_size=8", "--train_steps=30",
           "--steps_per_loop=10", "--eval_every=10", "--learning_rate=0.01",
           f"--model_dir={model_dir}"]
-  process = run_cli(*args, env=_user_env())
+  process = run_cli(*args, python_path=TESTS)
   assert process.returncode == 0, process.stderr
   assert "task user_tasks:Quadratic" in process.stdout
   step_lines = [line for line in process.stdout.splitlines()
@@ -61,9 +46,9 @@ def test_user_task_from_the_command_line_trains_evaluates_and_exports(model_dir)
   assert served.signatures["serving_default"](inputs=x)["outputs"].shape == (2, 1)
   # A layout hyperparameter cannot change on resume; another one can.
   refused = run_cli(*args[:1], "--task.hidden=4", *args[2:], "--train_steps=40",
-                    env=_user_env())
-  _assert_one_line_error(refused, "--task.hidden=4 (the run has 8)")
-  resumed = run_cli(*args, "--task.delta=0.5", "--train_steps=40", env=_user_env())
+                    python_path=TESTS)
+  one_line_error(refused, "--task.hidden=4 (the run has 8)")
+  resumed = run_cli(*args, "--task.delta=0.5", "--train_steps=40", python_path=TESTS)
   assert resumed.returncode == 0, resumed.stderr
   assert "resuming at step 30" in resumed.stdout
   assert "--task.delta=0.5\n" in open(os.path.join(model_dir, "flags.txt")).read()
@@ -80,14 +65,14 @@ def test_user_task_from_the_command_line_trains_evaluates_and_exports(model_dir)
      "hidden, delta)"),
     (["--task=user_tasks:Quadratic", "--task.hidden=many"], "--task.hidden=many"),
     (["--task.hidden=3"], "task classification has no hyperparameter hidden"),
-    (["--task=regression", "--task.hidden=0"], "need hidden >= 1"),
+    (["--task=regression", "--task.hidden=0"], "--task.hidden=0: must be >= 1"),
     (["--task=user_tasks:ScalarLoss"], "Task.loss must return one value per example"),
     (["--task=regression", "--best_metric=eval/accuracy"],
      "--best_metric=eval/accuracy: task regression reports eval/loss, eval/mae"),
 ])
 def test_bad_task_input_is_one_line_and_writes_nothing(model_dir, args, fragment):
-  process = run_cli(f"--model_dir={model_dir}", *args, env=_user_env())
-  _assert_one_line_error(process, fragment)
+  process = run_cli(f"--model_dir={model_dir}", *args, python_path=TESTS)
+  one_line_error(process, fragment)
   assert not os.path.exists(model_dir)
 
 
@@ -102,15 +87,15 @@ def test_a_task_instance_from_python_is_recorded_in_flags(model_dir):
     trainer.train(Config(model_dir=model_dir), task=user_tasks.NotATask())
 
 
-SGD = dict(optimizer="sgd", learning_rate=0.05, train_steps=12, summaries=False,
-           task="regression")
+SGD = ("--task=regression", "--optimizer=sgd", "--learning_rate=0.05",
+       "--train_steps=12", "--summaries=false")
 
 
 def test_regression_two_replicas_match_one_device(tmp_path):
-  two = trainer.train(Config(model_dir=str(tmp_path / "two"), cpu_devices=2,
-                             per_replica_batch_size=16, **SGD))
-  one = trainer.train(Config(model_dir=str(tmp_path / "one"), strategy="one_device",
-                             per_replica_batch_size=32, **SGD))
+  two = train(*SGD, model_dir=str(tmp_path / "two"), cpu_devices=2,
+              per_replica_batch_size=16)
+  one = train(*SGD, model_dir=str(tmp_path / "one"), strategy="one_device",
+              per_replica_batch_size=32)
   assert two["num_replicas"] == 2 and one["global_batch_size"] == 32
   a, b = float_values(tmp_path / "two"), float_values(tmp_path / "one")
   assert a.keys() == b.keys() and sum(k.startswith("model/") for k in a) == 6
@@ -119,10 +104,9 @@ def test_regression_two_replicas_match_one_device(tmp_path):
 
 
 def test_regression_eval_counts_each_example_once_in_target_units(model_dir):
-  results = trainer.train(Config(model_dir=model_dir, cpu_devices=2,
-                                 per_replica_batch_size=16, mode="train_and_eval",
-                                 eval_every=10, best_metric="eval/mae",
-                                 **dict(SGD, train_steps=30, summaries=True)))
+  results = train(*SGD, model_dir=model_dir, cpu_devices=2, per_replica_batch_size=16,
+                  mode="train_and_eval", eval_every=10, best_metric="eval/mae",
+                  train_steps=30, summaries=True)
   data = regression.load_diabetes()
   assert results["eval"]["examples"] == len(data.y_test) == 89  # 3 batches of 32.
   served = tf.saved_model.load(results["export_dir"])
@@ -150,12 +134,12 @@ def test_resume_is_bit_exact_for_other_tasks(tmp_path, task, extra):
           "--per_replica_batch_size=16", "--checkpoint_every=1000", "--optimizer=adam",
           "--learning_rate=0.01"]
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
-  env = _user_env()
   assert run_cli(f"--model_dir={straight}", "--train_steps=30", *args,
-                 env=env).returncode == 0
+                 python_path=TESTS).returncode == 0
   assert run_cli(f"--model_dir={split}", "--train_steps=15", *args,
-                 env=env).returncode == 0
-  resumed = run_cli(f"--model_dir={split}", "--train_steps=30", *args, env=env)
+                 python_path=TESTS).returncode == 0
+  resumed = run_cli(f"--model_dir={split}", "--train_steps=30", *args,
+                    python_path=TESTS)
   assert resumed.returncode == 0 and "resuming at step 15" in resumed.stdout
   assert_bit_identical(straight, split)
 
@@ -169,7 +153,7 @@ def test_stream_task_counts_a_generator_split_and_exports_dict_inputs(model_dir)
   assert results["eval"]["examples"] == 77  # 5 global batches of 16, 3 padded.
   assert results["replica_batches"] == {f"replica_{i}": 20 for i in range(4)}
   served = tf.saved_model.load(os.path.join(model_dir, "export"))
-  x, y = user_tasks._quadratic_arrays(77, seed=1)  # pylint: disable=protected-access
+  x, y = user_tasks._quadratic_arrays(77, seed=1)
   outputs = served.signatures["serving_default"](x=tf.constant(x))["outputs"].numpy()
   assert results["eval"]["mae"] == pytest.approx(
       float(np.mean(np.abs(outputs - y))), rel=1e-4)
@@ -212,7 +196,7 @@ def test_readme_example_task_is_the_shipped_file_and_runs(model_dir):
   process = run_cli("--task=quadratic:Quadratic", "--task.hidden=64",
                     "--cpu_devices=2", "--mode=train_and_eval", "--learning_rate=0.01",
                     "--train_steps=20", f"--model_dir={model_dir}",
-                    env=cli_env(PYTHONPATH=os.path.join(REPO, "examples")))
+                    python_path=os.path.join(REPO, "examples"))
   assert process.returncode == 0, process.stderr
   assert read_results(model_dir)["eval"]["examples"] == 1000
 

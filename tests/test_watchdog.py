@@ -5,10 +5,9 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO, cli_env, read_results, run_cli
+from conftest import REPO, TESTS, cli_env, read_results, run_cli
 from trainer.training import watchdog
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_default_limit_is_ten_minutes_or_twenty_median_calls():
@@ -28,13 +27,12 @@ def test_a_collective_error_names_the_peer_and_what_happened():
 
 
 def test_a_hung_loop_call_exits_7_with_stacks_and_a_rerun_resumes(model_dir):
-  env = cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
   # 12 steps of 8 examples arrive, then none: the third loop call (steps 11-15)
   # waits forever.
   args = ["--task=user_tasks:HangsAt", "--per_replica_batch_size=8", "--shuffle=false",
           "--optimizer=sgd", "--steps_per_loop=5", "--checkpoint_every=5",
           "--train_steps=30", f"--model_dir={model_dir}"]
-  hung = run_cli(*args, "--hang_timeout=8s", env=env)
+  hung = run_cli(*args, "--hang_timeout=8s", python_path=TESTS)
   assert hung.returncode == 7, hung.stdout + hung.stderr
   first = hung.stderr.strip().splitlines()[0]
   assert first.startswith("error: hang on worker-0: loop call at step 10 made no "
@@ -45,7 +43,7 @@ def test_a_hung_loop_call_exits_7_with_stacks_and_a_rerun_resumes(model_dir):
   assert "Thread MainThread:" in report and "in _dispatch" in report
   results = read_results(model_dir)
   assert results["status"] == "hung" and results["global_step"] == 10
-  resumed = run_cli(*args, "--task.hang_after=1000000", env=env)
+  resumed = run_cli(*args, "--task.hang_after=1000000", python_path=TESTS)
   assert resumed.returncode == 0, resumed.stderr
   assert "resuming at step 10" in resumed.stdout
   assert read_results(model_dir)["status"] == "completed"

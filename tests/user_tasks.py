@@ -203,7 +203,8 @@ class TextBag(trainer.Task):
 
   layout_fields = ()
 
-  def prepare(self):
+  def prepare(self, context):
+    del context
     vectorize = keras.layers.TextVectorization(max_tokens=40,
                                                output_sequence_length=6)
     texts, _ = _texts(200, seed=0, extra_words=self.extra_words)

@@ -2,33 +2,62 @@
 
     import trainer
     results = trainer.train(trainer.Config(train_steps=100))
-    results = trainer.train(trainer.Config(train_steps=100), task=MyTask(hidden=64))
+    results = trainer.train(trainer.Config(train_steps=100), task=MyTask(hidden=64),
+                            actions=[trainer.every(50, log_something)])
+    task, model = trainer.load("runs/q1")
 
-A user's problem is a `trainer.Task` (see trainer/tasks/base.py). Importing this
-package does not import TensorFlow; `train` does.
+A user's problem is a `trainer.Task` (trainer/tasks/base.py); an action is any
+callable receiving a `trainer.ActionContext` (trainer/actions/user.py). Importing
+this package does not import TensorFlow; `train` and `load` do.
 """
 
+from trainer.actions.user import STOP, ActionContext, every
 from trainer.config import Config
-from trainer.tasks.base import Task
+from trainer.errors import ExitCode, RunStatus
+from trainer.tasks.base import RunContext, Task, hyperparameter
 
 
-def train(config: Config = None, *, task: Task = None) -> dict:
+def train(config: Config = None, *, task: Task = None, actions=()) -> dict:
   """Runs `config.mode` (train, train_and_eval or eval) and returns the results.
 
   Args:
     config: the run's configuration (default: `Config()`).
     task: the task to train; default: the one `config.task` names, with
       `config.task_params`.
+    actions: callables run after every loop call, after the task's own
+      (`Task.actions()`); each receives a `trainer.ActionContext` and may return
+      `trainer.STOP`. Wrap one in `trainer.every(N, action)` to run it every N
+      steps.
 
   Returns:
     The dict also written to MODEL_DIR/results.json.
 
   Raises:
-    trainer.errors.TrainerError: bad input, a locked model_dir, divergence, or a
-      replica that did not get exactly one batch per step.
+    trainer.errors.TrainerError: bad input, a locked model_dir, divergence, a
+      replica that did not get exactly one batch per step, or user code that
+      raised (UserCodeError, whose __cause__ is the user's exception).
   """
   from trainer.training import run  # Deferred: TensorFlow is slow to import.
-  return run.run(config or Config(), task)
+  return run.run(config or Config(), task, actions=actions)
 
 
-__all__ = ["Config", "Task", "train"]
+def load(model_dir: str, *, best: bool = False) -> tuple:
+  """The task and the Keras model of a trained run, for prediction in Python.
+
+  Args:
+    model_dir: the run directory.
+    best: the best evaluation's weights instead of the latest checkpoint's.
+
+  Returns:
+    (task, model): the task prepared as in training, the model holding the
+    weights evaluations and exports use (the moving averages with --ema_decay).
+
+  Raises:
+    trainer.errors.ModelDirError: not a run, or no (best) checkpoint.
+  """
+  from trainer.training import open_run  # Deferred: TensorFlow is slow to import.
+  return open_run.load(model_dir, best=best)
+
+
+__all__ = ["ActionContext", "Config", "ExitCode", "RunContext", "RunStatus", "STOP",
+           "Task", "every", "hyperparameter", "load", "train"]

@@ -1,22 +1,83 @@
-"""Errors a user can cause, each with the process exit code the CLI returns.
+"""How a run ends: its status, the process exit code, and the errors a user causes.
 
 `trainer.main` prints `str(error)` as one line and exits with `error.exit_code`;
-anything that is not a `TrainerError` is a bug and keeps its traceback.
+user code that raises (a task method, an action) is a `UserCodeError`: its own
+traceback, then one line naming the method, exit 1. Anything else is a bug and
+keeps its traceback.
 """
 
+import contextlib
 import enum
+import re
+
+_MAX_LINE = 300  # Characters of a quoted cause in a one-line error.
 
 
 class ExitCode(enum.IntEnum):
   """Process exit codes of `python -m trainer.main` (listed in the README)."""
   OK = 0
-  INTERNAL = 1  # A bug: an unexpected exception, printed with its traceback.
+  INTERNAL = 1  # A bug, or user code that raised: its traceback is printed.
   BAD_INPUT = 2  # Flags, data files, model_dir or checkpoint do not fit.
   DIVERGED = 3  # Non-finite loss or gradients; the last good checkpoint is kept.
   INTERRUPTED = 4  # SIGTERM/SIGINT: checkpoint saved, rerun to resume.
   LOCKED = 5  # Another live run holds the model_dir.
   REPLICA_BATCH = 6  # A replica did not get exactly one full batch per step.
   HUNG = 7  # A phase ran past --hang_timeout or a peer was lost: see hang-*.txt.
+  UNEXPORTED = 8  # Trained, but the export failed: a rerun retries the export.
+  NO_SPACE = 9  # The disk filled up: every earlier checkpoint is kept.
+
+
+class RunStatus(str, enum.Enum):
+  """A run's status, as results.json and the sweeps spell it."""
+  COMPLETED = "completed"  # Reached --train_steps (or was already there).
+  EARLY_STOPPED = "early_stopped"  # --best_metric stopped improving.
+  STOPPED = "stopped"  # An action returned trainer.STOP.
+  TIME_LIMIT = "time_limit"  # --max_time: a checkpoint, rerun to resume.
+  INTERRUPTED = "interrupted"  # SIGTERM/SIGINT: a checkpoint, rerun to resume.
+  DIVERGED = "diverged"  # Non-finite loss or gradients.
+  HUNG = "hung"  # A phase made no progress, or a peer was lost.
+  UNEXPORTED = "unexported"  # Trained; the export failed.
+  FAILED = "failed"  # User code raised, or the disk filled up.
+  EVALUATED = "evaluated"  # --mode=eval evaluated a checkpoint.
+
+  def __str__(self) -> str:
+    return self.value
+
+  @property
+  def exit_code(self) -> ExitCode:
+    """The process exit code of a run that ends with this status."""
+    return _EXIT_CODES[self]
+
+  @property
+  def finished(self) -> bool:
+    """Whether the run is done: a rerun changes nothing."""
+    return self in (RunStatus.COMPLETED, RunStatus.EARLY_STOPPED, RunStatus.STOPPED)
+
+
+_EXIT_CODES = {
+    RunStatus.COMPLETED: ExitCode.OK,
+    RunStatus.EARLY_STOPPED: ExitCode.OK,
+    RunStatus.STOPPED: ExitCode.OK,
+    RunStatus.TIME_LIMIT: ExitCode.OK,
+    RunStatus.EVALUATED: ExitCode.OK,
+    RunStatus.INTERRUPTED: ExitCode.INTERRUPTED,
+    RunStatus.DIVERGED: ExitCode.DIVERGED,
+    RunStatus.HUNG: ExitCode.HUNG,
+    RunStatus.UNEXPORTED: ExitCode.UNEXPORTED,
+    RunStatus.FAILED: ExitCode.INTERNAL,
+}
+
+
+def one_line(cause, *, limit: int = _MAX_LINE) -> str:
+  """The first line of an error or text, without TensorFlow's op decorations,
+  shortened to `limit` characters (None: as long as it is) to fit in a one-line
+  error."""
+  message = getattr(cause, "message", None) or str(cause)
+  message = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)
+  message = re.sub(r"\s*\[\[\{\{node [^]]*\]\]", "", message)
+  message = re.sub(r"\s*\[Op:[^]]*\]( name: .*)?", "", message)
+  line = next((part.strip() for part in message.splitlines() if part.strip()), "")
+  return line if limit is None or len(line) <= limit else line[:limit - 3] + "..."
 
 
 class TrainerError(Exception):
@@ -53,3 +114,36 @@ class ReplicaBatchError(TrainerError):
 
 class TaskError(TrainerError):
   """A task's model, loss or metrics do not fit what the framework needs."""
+
+
+class ExportError(TrainerError):
+  """Training finished but the export failed; a rerun retries the export."""
+  exit_code = ExitCode.UNEXPORTED
+
+
+class NoSpaceError(TrainerError):
+  """The disk filled up while writing a file; earlier checkpoints are kept."""
+  exit_code = ExitCode.NO_SPACE
+
+
+class UserCodeError(TrainerError):
+  """User code (a task method or an action) raised: the CLI prints that code's
+  traceback (the `__cause__`), then this one line."""
+  exit_code = ExitCode.INTERNAL
+
+  def __init__(self, method: str, cause: BaseException):
+    super().__init__(f"{method} raised {type(cause).__name__}: {one_line(cause)}")
+    self.method = method
+
+
+@contextlib.contextmanager
+def user_code(method: str):
+  """Turns an exception raised in the block (a call of the user's `method`, e.g.
+  "Task.prepare") into a UserCodeError naming it; the framework's own errors
+  (TrainerError) pass through."""
+  try:
+    yield
+  except TrainerError:
+    raise
+  except Exception as e:  # noqa: BLE001 (the user's code: any error is theirs)
+    raise UserCodeError(method, e) from e

@@ -6,13 +6,13 @@ traceback.
 """
 
 import sys
+import traceback
 
 from absl import app, flags, logging
 
 from trainer import config as config_lib
-from trainer import interrupts
-from trainer import tf_loader
-from trainer.errors import ExitCode, TrainerError
+from trainer import interrupts, tf_loader
+from trainer.errors import ExitCode, RunStatus, TrainerError, UserCodeError, one_line
 
 config_lib.define_flags()
 
@@ -22,13 +22,13 @@ def _parse_flags(argv):
     config_lib.prepare_flags(argv)  # Defines the --task.NAME flags of --task.
     return flags.FLAGS(argv)
   except flags.Error as e:
-    _fail(f"error: {e}", ExitCode.BAD_INPUT)
+    _fail(f"error: {config_lib.flags.as_typed(str(e), argv)}", ExitCode.BAD_INPUT)
   except TrainerError as e:
     _fail(f"error: {e}", e.exit_code)
 
 
 def _fail(message, code):
-  print(message.splitlines()[0] if message else "error", file=sys.stderr, flush=True)
+  print(one_line(message, limit=None) or "error", file=sys.stderr, flush=True)
   sys.exit(int(code))
 
 
@@ -41,12 +41,18 @@ def main(argv):
     config = config_lib.from_flags()
     tf_loader.load_tensorflow()  # After flag checks, so flag errors come fast.
     interrupts.refresh()  # TensorFlow's import may have replaced the handlers.
-    import trainer  # pylint: disable=g-import-not-at-top
+    import trainer  # After TensorFlow's quiet import.
     results = trainer.train(config)
+  except UserCodeError as e:
+    # The user's own code raised: its traceback, then the line naming it.
+    traceback.print_exception(e.__cause__, file=sys.stderr)
+    _fail(f"error: {e} (the checkpoints written so far are kept)", e.exit_code)
   except TrainerError as e:
     _fail(f"error: {e}", e.exit_code)
-  if results.get("status") == "interrupted":
-    sys.exit(int(ExitCode.INTERRUPTED))
+  try:
+    sys.exit(int(RunStatus(results.get("status")).exit_code))
+  except ValueError:  # A status this version does not know (an older run's).
+    sys.exit(int(ExitCode.OK))
 
 
 def run():

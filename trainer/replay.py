@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     parser.error(f"--dump={args.dump}: no directory "
                  f"{os.path.dirname(args.dump)} to write it in")
   tf_loader.load_tensorflow()
-  from trainer.training import divergence  # pylint: disable=g-import-not-at-top
+  from trainer.training import divergence  # Imports TensorFlow.
   try:
     report = divergence.replay_run(args.model_dir, args.step, dump=args.dump,
                                    cpu_devices=args.cpu_devices)

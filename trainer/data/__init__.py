@@ -1,22 +1,42 @@
-"""A task's data as distributed tf.data pipelines of global batches.
+"""A task's data, whatever its kind, as the distributed input of the loops.
 
-A task returns arrays, a tf.data.Dataset, `TFRecords` files, or a function that
-builds one input pipeline's dataset; `inputs.train_input` and `inputs.eval_input`
-turn any of them into the distributed input of the train and eval loops.
+`as_task_data` wraps what a task returns (arrays, a tf.data.Dataset, `TFRecords`
+files or a pipeline function) in a `TaskData` (base.py), the one interface the
+rest of the framework uses.
 """
 
-from trainer.data.gather import GatherInput
-from trainer.data.gather import fits as gather_fits
-from trainer.data.inputs import (PipelineData, describe, eval_input, host_batches,
-                                 input_error, input_pipelines, is_per_pipeline,
-                                 train_input)
-from trainer.data.pipeline import (ArrayData, StreamData, as_task_data,
-                                   count_examples, distribute, eval_dataset,
-                                   example_indices, feature_spec, train_dataset)
-from trainer.data.records import INDEX_FILE, TFRecords, read_index_file, write_index
+import tensorflow as tf
 
-__all__ = ["ArrayData", "GatherInput", "INDEX_FILE", "PipelineData", "StreamData", "TFRecords",
-           "as_task_data", "count_examples", "describe", "distribute", "eval_dataset",
-           "eval_input", "example_indices", "feature_spec", "gather_fits", "host_batches", "input_error",
-           "input_pipelines", "is_per_pipeline", "read_index_file", "train_dataset",
-           "train_input", "write_index"]
+from trainer.data import records
+from trainer.data.arrays import ArrayData, GatherInput, check_arrays, example_indices
+from trainer.data.base import Order, TaskData
+from trainer.data.record_files import INDEX_FILE, read_index_file, write_index
+from trainer.data.records import TFRecords
+from trainer.data.streams import PipelineData, StreamData, check_pipeline, check_stream
+
+
+def as_task_data(value, *, what: str, finite: bool = False) -> TaskData:
+  """Checks a task's data and wraps it in its TaskData.
+
+  Args:
+    value: `(features, labels)` arrays (or nests of arrays), a tf.data.Dataset
+      of `(features, labels)` elements, `TFRecords` files, or a function
+      `input_context -> tf.data.Dataset` building one input pipeline's part.
+    what: where it came from, for errors (e.g. "Task.train_data()").
+    finite: it must be finite (an eval split); a stream is counted now, once.
+
+  Raises:
+    DataError: naming `what` and what is wrong.
+  """
+  if isinstance(value, TFRecords):
+    return records.resolve(value, what=what)
+  if isinstance(value, tf.data.Dataset):
+    return check_stream(value, what=what, finite=finite)
+  if callable(value):
+    return check_pipeline(value, what=what, finite=finite)
+  return check_arrays(value, what=what)
+
+
+__all__ = ["ArrayData", "GatherInput", "INDEX_FILE", "Order", "PipelineData",
+           "StreamData", "TFRecords", "TaskData", "as_task_data", "example_indices",
+           "read_index_file", "write_index"]

@@ -6,13 +6,13 @@ import os
 import tensorflow as tf
 
 from trainer import tf_loader
-from trainer.config import HANG_TIMEOUT_FLOOR_SECONDS, Config
+from trainer.config import HANG_TIMEOUT_FLOOR_SECONDS, DistributeConfig
 from trainer.errors import ConfigError
 
 _MAX_TASKS_PER_NODE = 1024
 
 
-def configure_devices(config: Config):
+def configure_devices(config: DistributeConfig):
   """Makes the requested GPUs visible and splits the CPU, before TF initialises.
 
   Touches only physical-device settings, so TensorFlow stays uninitialised:
@@ -22,7 +22,7 @@ def configure_devices(config: Config):
   `local_devices` checks that it is enough.
 
   Args:
-    config: the run's config (gpus, memory_growth, cpu_devices, threads).
+    config: the DistributeConfig (gpus, memory_growth, cpu_devices, threads).
 
   Raises:
     ConfigError: --gpus names an absent GPU.
@@ -71,7 +71,7 @@ def intra_op_threads(cores: int, replicas: int) -> int:
   return max(1, cores // replicas)
 
 
-def local_devices(config: Config) -> list:
+def local_devices(config: DistributeConfig) -> list:
   """The names of this process's devices that the replicas will run on.
 
   Initialises TensorFlow's devices.
@@ -97,11 +97,11 @@ def _started_note() -> str:
           "in Task.prepare(), which runs after)" if who else "")
 
 
-def make_strategy(config: Config) -> tf.distribute.Strategy:
+def make_strategy(config: DistributeConfig) -> tf.distribute.Strategy:
   """Builds the strategy named by --strategy, after `configure_devices`.
 
   Args:
-    config: the run's config (strategy, cluster_resolver, cross_device_ops).
+    config: the DistributeConfig (strategy, cluster_resolver, cross_device_ops).
 
   Returns:
     A MirroredStrategy, OneDeviceStrategy or MultiWorkerMirroredStrategy.
@@ -167,7 +167,7 @@ def _multi_worker_strategy(config):
                       ) from None
 
 
-def cluster_resolver(config: Config):
+def cluster_resolver(config: DistributeConfig):
   """The cluster of a multi-worker run, from TF_CONFIG or SLURM's environment.
 
   Raises:
@@ -218,6 +218,12 @@ def _check_tf_config():
             all(isinstance(h, str) and h for h in hosts)):
       raise ConfigError(f"TF_CONFIG: cluster.{name} must be a list of host:port "
                         f"strings, got {hosts!r}"[:200])
+    for host in hosts:
+      _, colon, port = host.rpartition(":")
+      if not (colon and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"TF_CONFIG: cluster.{name} has {host!r}, which is not "
+                          "host:port with a port in 1-65535, e.g. 'w0.example:2222'"
+                          [:200])
   if task_type not in jobs:
     raise ConfigError(f"TF_CONFIG: task.type {task_type!r} must be one of "
                       f"{', '.join(sorted(jobs))} (a job of cluster)")
@@ -230,16 +236,3 @@ def _check_tf_config():
   del workers
 
 
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
-  """Whether this process writes the run's files (always, outside multi-worker)."""
-  resolver = getattr(strategy, "cluster_resolver", None)
-  if resolver is None or not resolver.cluster_spec().as_dict():
-    return True
-  task_type, task_id = resolver.task_type, resolver.task_id
-  return task_type == "chief" or (task_type == "worker" and task_id == 0 and
-                                  "chief" not in resolver.cluster_spec().as_dict())
-
-
-def device_summary(strategy: tf.distribute.Strategy) -> list:
-  """The device names the replicas of this process run on."""
-  return list(strategy.extended.worker_devices)

@@ -8,7 +8,11 @@ import re
 
 import tensorflow as tf
 
-from trainer.errors import TaskError
+from trainer.errors import TaskError, one_line
+
+
+class ExportFailure(Exception):
+  """An export failed; its message is the cause, in one line."""
 
 
 def _named_specs(signature) -> list:
@@ -103,14 +107,22 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
   try:
     tf.saved_model.save(module, export_dir,
                         signatures={"serving_default": module.serve})
-  except AssertionError as e:
-    if "untracked" not in str(e):
-      raise
-    found = re.search(r"Trackable referencing this tensor = <([\w.]+)", str(e))
-    what = found[1].rsplit(".", 1)[-1] if found else "a resource"
-    raise TaskError(
-        f"Task.preprocess or a serving method uses {what} (a TensorFlow resource) "
-        "that is neither the model's nor an attribute of the task: keep it on the "
-        "task (self.NAME = ..., e.g. in Task.prepare()) so the export can save it"
-    ) from None
+  except (AssertionError, KeyError, ValueError, TypeError, tf.errors.OpError) as e:
+    raise ExportFailure(_cause(e)) from e
   return export_dir
+
+
+def _cause(error: Exception) -> str:
+  """The one line that says why an export failed."""
+  message = str(error)
+  if isinstance(error, AssertionError) and "untracked" in message:
+    found = re.search(r"Trackable referencing this tensor = <([\w.]+)", message)
+    what = found[1].rsplit(".", 1)[-1] if found else "a resource"
+    return (f"Task.preprocess or a serving method uses {what} (a TensorFlow "
+            "resource) that is neither the model's nor an attribute of the task: "
+            "keep it on the task (self.NAME = ..., e.g. in Task.prepare()) so the "
+            "export can save it")
+  # TensorFlow's "in user code:" errors put the cause on their last lines.
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
+  cause = lines[-1] if lines and lines[0].endswith("in user code:") else message
+  return f"{type(error).__name__}: {one_line(cause)}"

@@ -1,4 +1,4 @@
-"""Progress lines on stdout, and their parser (sweeps read trials' lines).
+"""Progress lines, and their parser (sweeps read trials' lines).
 
 The line formats live here, next to the parser, so changing one changes the other:
 
@@ -10,7 +10,6 @@ does not import TensorFlow.
 """
 
 import re
-import time
 
 _STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)  (?P<pairs>.*?)  "
                         r"[\d,]+ examples/s")
@@ -49,45 +48,21 @@ def parse_line(line: str) -> dict:
   return {}
 
 
-def _duration(seconds: float) -> str:
+def step_line(step: int, total: int, metrics: dict, *, examples_per_second: float,
+              eta: str) -> str:
+  """`step 100/300  loss 0.4211  accuracy 0.8750  45,120 examples/s  ETA 0:00:02`."""
+  return (f"step {step}/{total}  {format_metrics(metrics)}  "
+          f"{examples_per_second:,.0f} examples/s  ETA {eta}")
+
+
+def eval_line(step: int, metrics: dict) -> str:
+  """`eval at step 100: loss 0.4253  accuracy 0.8778  (360 examples)`; `metrics`
+  holds "examples", the count."""
+  return (f"eval at step {step}: {format_metrics(metrics)}  "
+          f"({metrics['examples']} examples)")
+
+
+def duration(seconds: float) -> str:
+  """`1:02:03`."""
   seconds = int(max(seconds, 0))
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-class Progress:
-  """One line per loop call: step/total, loss, the task's metrics, examples/s, ETA."""
-
-  def __init__(self, *, total_steps: int, enabled: bool, speak: bool = True):
-    """Creates the reporter.
-
-    Args:
-      total_steps: the run's --train_steps, for the ETA.
-      enabled: print a line per loop call.
-      speak: print one-off messages (`say`); off on non-chief workers.
-    """
-    self._total = total_steps
-    self._enabled = enabled
-    self._speak = speak
-    self._start = time.perf_counter()
-    self._start_step = None
-
-  def report(self, step: int, metrics: dict, *, examples_per_second: float):
-    """Prints the line of a loop call that ended at `step`."""
-    if self._start_step is None:
-      self._start_step, self._start = step, time.perf_counter()
-      eta = "?"
-    else:
-      rate = (step - self._start_step) / max(time.perf_counter() - self._start, 1e-9)
-      eta = _duration((self._total - step) / rate) if rate > 0 else "?"
-    if self._enabled:
-      print(f"step {step}/{self._total}  {format_metrics(metrics)}  "
-            f"{examples_per_second:,.0f} examples/s  ETA {eta}", flush=True)
-
-  def report_eval(self, step: int, metrics: dict):
-    """Prints an evaluation's line (`metrics` holds "examples", the count)."""
-    self.say(f"eval at step {step}: {format_metrics(metrics)}  "
-             f"({metrics['examples']} examples)")
-
-  def say(self, message: str):
-    if self._speak:
-      print(message, flush=True)

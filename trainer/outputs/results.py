@@ -31,41 +31,46 @@ _MEASURED = ("train", "eval", "time_to_first_step_s", "steps_per_second",
 class Results:
   """Accumulates a run's numbers; `finish` writes them (on the chief).
 
-  The best evaluation lives in the run record (`state.record`), which travels with
-  the checkpoints, so it always describes the steps the run actually kept.
+  The best evaluation lives in the run record (`checkpoints.record`), which
+  travels with the checkpoints, so it always describes the steps the run kept.
   """
 
-  def __init__(self, config, state, *, best_metric: str, best_goal: str):
+  def __init__(self, *, model_dir: str, task: str, train_steps: int, trainer,
+               checkpoints, best_metric: str, best_goal: str):
     """Starts the record of a run.
 
     Args:
-      config: the run's config.
-      state: its RunState.
+      model_dir: the run directory.
+      task: the --task that names the run's task.
+      train_steps: --train_steps.
+      trainer: what trains.
+      checkpoints: its Checkpoints (the run record).
       best_metric: "eval/NAME" that picks the best evaluation.
       best_goal: "max" or "min".
     """
-    self._config = config
-    self._state = state
+    self._trainer = trainer
+    self._checkpoints = checkpoints
     self._best_name = best_metric.split("/", 1)[1]
     self._best_goal = best_goal
-    self._path = os.path.join(config.model_dir, run_dir.RESULTS_FILE)
+    self._path = os.path.join(model_dir, run_dir.RESULTS_FILE)
     previous = run_dir.read_json(self._path)
     self.previous = previous if isinstance(previous, dict) else {}
     self.calls = 0
     self._intervals = []  # (steps, wall seconds) of each loop call after the first.
     self._last_call_end = None
     self.eval_step = None
+    cluster = trainer.cluster
     self.data = {
-        "num_replicas": state.num_replicas,
-        "num_workers": state.num_workers,
-        "per_replica_batch_size": state.per_replica_batch_size,
-        "global_batch_size": state.global_batch_size,
-        "train_steps": config.train_steps,
-        "model_dir": config.model_dir,
-        "devices": list(state.strategy.extended.worker_devices),
+        "num_replicas": trainer.num_replicas,
+        "num_workers": cluster.num_workers,
+        "per_replica_batch_size": trainer.per_replica_batch_size,
+        "global_batch_size": trainer.global_batch_size,
+        "train_steps": train_steps,
+        "model_dir": model_dir,
+        "devices": list(cluster.devices),
         "tf_version": tf.__version__,
         "python_version": platform.python_version(),
-        "task": config.task,
+        "task": task,
         "best_metric": best_metric,
         "best_goal": best_goal,
         **{k: self.previous[k] for k in _MEASURED if k in self.previous},
@@ -92,46 +97,46 @@ class Results:
     the run's best_eval)."""
     self.eval_step = step
     self.data["eval"] = dict(metrics, step=step)
-    record = self._state.record.data
-    best = record.get("best_eval")
+    record = self._checkpoints.record
+    best = record.best_eval
     value = metrics[self._best_name]
     if (not isinstance(best, dict) or
         not isinstance(best.get(self._best_name), (int, float)) or
         (value > best[self._best_name] if self._best_goal == "max"
          else value < best[self._best_name])):
-      record["best_eval"] = dict(metrics, step=step)
+      record.best_eval = dict(metrics, step=step)
       return True
     return False
 
-  def finish(self, status: str, *, step: int = None) -> dict:
+  def finish(self, status, *, step: int = None) -> dict:
     """Completes the record with `status` and writes results.json (chief only).
 
     Args:
-      status: how the run ended.
+      status: how the run ended (a RunStatus).
       step: the step it reached; default: the global step variable's (a hung
         run passes its last completed step: TensorFlow may be stuck).
     """
-    state = self._state
-    self.data["status"] = status
-    self.data["global_step"] = state.step if step is None else step
-    self.data["best_eval"] = state.record.data.get("best_eval")
-    ledger = state.train_ledger
+    trainer, record = self._trainer, self._checkpoints.record
+    self.data["status"] = str(status)
+    self.data["global_step"] = trainer.step if step is None else step
+    self.data["best_eval"] = record.best_eval
+    ledger = trainer.train_ledger
     self.data["replica_batches"] = {
         f"replica_{i}": int(n) for i, n in enumerate(ledger.total_batches)}
     self.data["replica_examples"] = {
         f"replica_{i}": int(n) for i, n in enumerate(ledger.total_examples)}
     # The ledger of the steps trained on other replica counts (elastic resumes).
-    self.data["ledger_history"] = state.record.data.get("ledger_history", [])
+    self.data["ledger_history"] = record.ledger_history
     if self._intervals:
       steps, seconds = (sum(column) for column in zip(*self._intervals))
       # An update trains on --grad_accum_steps global batches.
-      per_step = state.global_batch_size * state.config.grad_accum_steps
+      per_step = trainer.global_batch_size * trainer.accum_steps
       self.data["steps_per_second"] = steps / seconds
       self.data["examples_per_second"] = steps / seconds * per_step
       self.data["examples_per_second_median"] = statistics.median(
           n / t * per_step for n, t in self._intervals)
       self.data["timed_loop_calls"] = len(self._intervals)
     self.data["peak_rss_mib"] = round(peak_rss_mib(), 1)
-    if state.is_chief:
+    if trainer.cluster.is_chief:
       run_dir.write_json(self._path, self.data)
     return self.data

@@ -7,7 +7,6 @@ import os
 import socket
 import tempfile
 
-from trainer import config as config_lib
 from trainer.errors import LockedError, ModelDirError
 
 LOCK_FILE = ".lock"
@@ -136,24 +135,6 @@ def _read_lock(path):
     return None
 
 
-def layout_changes(model_dir: str, config: config_lib.Config, task_layout=()) -> list:
-  """The flags of this invocation that change the model or batch layout of the run
-  in `model_dir` (from its flags.txt), each as "--NAME=NEW (the run has OLD)".
-
-  Args:
-    model_dir: the run directory.
-    config: this invocation's config.
-    task_layout: the task's hyperparameters that are part of the layout.
-  """
-  path = os.path.join(model_dir, FLAGS_FILE)
-  if not os.path.exists(path):
-    return []
-  recorded = config_lib.read_flagfile(path)
-  return [f"--{name}={value} (the run has {recorded[name]})"
-          for name, value in config.layout_flags(task_layout).items()
-          if name in recorded and recorded[name] != value]
-
-
-def write_flags(model_dir: str, config: config_lib.Config):
+def write_flags(model_dir: str, flag_lines: list):
   """Saves MODEL_DIR/flags.txt, a flagfile that reproduces the run."""
-  write_atomic(os.path.join(model_dir, FLAGS_FILE), "\n".join(config.to_flags()) + "\n")
+  write_atomic(os.path.join(model_dir, FLAGS_FILE), "\n".join(flag_lines) + "\n")

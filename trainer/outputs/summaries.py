@@ -1,4 +1,4 @@
-"""TensorBoard event files of a run: scalars, text and hparams.
+"""TensorBoard event files of a run: scalars, text, histograms, images and hparams.
 
 Events are written by TensorBoard's own Python event-file writer, which serializes
 on the caller's thread and writes from a background thread: a loop call's dozen
@@ -12,7 +12,10 @@ event files one after another, so two files written side by side lose events.
 import os
 import time
 
+import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+from tensorboard.plugins.histogram import summary_v2 as histogram_summary
+from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.plugins.text import summary_v2 as text_summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -59,6 +62,38 @@ class Summaries:
     if self._enabled:
       self._write(split, step, text_summary.text_pb(tag, text))
 
+  def histogram(self, split: str, step: int, tag: str, values):
+    """A histogram of `values` (TensorBoard's Histograms and Distributions tabs)."""
+    if self._enabled:
+      self._write(split, step, histogram_summary.histogram_pb(
+          tag, np.asarray(values, np.float64).ravel()))
+
+  def image(self, split: str, step: int, tag: str, images):
+    """Images (TensorBoard's Images tab): [k, height, width, channels] or [height,
+    width, channels], uint8 or floats in [0, 1]."""
+    if not self._enabled:
+      return
+    import tensorflow as tf  # PNG encoding; a run has imported it already.
+    images = np.asarray(images)
+    images = images[None] if images.ndim == 3 else images
+    if images.dtype != np.uint8:
+      images = (np.clip(images, 0.0, 1.0) * 255).round().astype(np.uint8)
+    height, width = images.shape[1:3]
+    encoded = [tf.io.encode_png(image).numpy() for image in images]
+    summary = summary_pb2.Summary()
+    summary.value.add(
+        tag=tag, metadata=image_metadata.create_summary_metadata(
+            display_name=None, description=None, converted_to_tensor=True),
+        tensor=tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_STRING, tensor_shape=None,
+            string_val=[str(width).encode(), str(height).encode(), *encoded]))
+    summary.value[0].tensor.tensor_shape.dim.add(size=2 + len(encoded))
+    self._write(split, step, summary)
+
+  def at(self, split: str, step: int) -> "StepSummaries":
+    """A handle that writes to `split` at `step` (an action's `summaries`)."""
+    return StepSummaries(self, split, step)
+
   def hparams(self, values: dict):
     """Records this run's hyperparameters (shown in TensorBoard's HParams tab)."""
     if not self._enabled or not values:
@@ -74,6 +109,30 @@ class Summaries:
   def close(self):
     for writer in self._writers.values():
       writer.close()
+
+
+class StepSummaries:
+  """Writes a user's summaries to one split at one step (nothing when disabled).
+
+  Example (in an action):
+    context.summaries.scalar("precision_at_10", value)
+    context.summaries.histogram("embedding", context.model.weights[0].numpy())
+  """
+
+  def __init__(self, summaries: Summaries, split: str, step: int):
+    self._summaries, self._split, self.step = summaries, split, step
+
+  def scalar(self, tag: str, value: float):
+    self._summaries.scalars(self._split, self.step, {tag: value})
+
+  def text(self, tag: str, text: str):
+    self._summaries.text(self._split, self.step, tag, text)
+
+  def histogram(self, tag: str, values):
+    self._summaries.histogram(self._split, self.step, tag, values)
+
+  def image(self, tag: str, images):
+    self._summaries.image(self._split, self.step, tag, images)
 
 
 def markdown_flags(flag_lines) -> str:

@@ -12,9 +12,9 @@ import sys
 import typing
 
 from trainer import tf_loader
-from trainer.errors import ConfigError
-from trainer.tasks.base import (Task, hyperparameters, layout_field_names,
-                                metric_goal)
+from trainer.errors import ConfigError, TrainerError, one_line
+from trainer.tasks.base import (RunContext, Task, hyperparameter, hyperparameters,
+                                layout_field_names, metric_goal)
 
 BUILTIN = {
     "classification": "trainer.tasks.classification:Classification",
@@ -47,7 +47,7 @@ def load_task_class(spec: str) -> type:
   except Exception as e:  # pylint: disable=broad-except
     # Any error while importing the user's module is the user's to fix.
     raise ConfigError(f"--task={spec}: cannot import {module_name} "
-                      f"({type(e).__name__}: {_first_line(e)})") from None
+                      f"({type(e).__name__}: {one_line(e)})") from None
   task_class = getattr(module, class_name, None)
   if task_class is None:
     raise ConfigError(f"--task={spec}: module {module_name} has no {class_name}")
@@ -58,10 +58,6 @@ def load_task_class(spec: str) -> type:
   return task_class
 
 
-def _first_line(error) -> str:
-  return (str(error).splitlines() or [""])[0]
-
-
 def task_spec(task_class) -> str:
   """The `--task` value that loads `task_class`."""
   target = f"{task_class.__module__}:{task_class.__qualname__}"
@@ -69,17 +65,33 @@ def task_spec(task_class) -> str:
 
 
 def param_type(task_class, name: str) -> type:
-  """The type of hyperparameter `name`: bool, int, float or str.
+  """The type of hyperparameter `name`'s flag: bool, int, float, str (also for
+  Optional[str]), or list (a tuple of ints, e.g. an example shape).
 
   Raises:
     ConfigError: the field's type is not one a flag can hold.
   """
-  hints = typing.get_type_hints(task_class)
-  kind = hints.get(name)
-  if kind not in PARAM_TYPES:
-    raise ConfigError(f"task {task_class.__name__}: field {name} has type {kind}; "
-                      "task hyperparameters must be bool, int, float or str")
-  return kind
+  kind = typing.get_type_hints(task_class).get(name)
+  args = typing.get_args(kind)
+  if kind in PARAM_TYPES:
+    return kind
+  if typing.get_origin(kind) is typing.Union and set(args) == {str, type(None)}:
+    return str
+  if typing.get_origin(kind) is tuple and args and args[0] is int and (
+      len(args) == 1 or args[1:] == (Ellipsis,)):
+    return list
+  raise ConfigError(f"task {task_class.__name__}: field {name} has type {kind}; "
+                    "task hyperparameters must be bool, int, float, str, "
+                    "Optional[str] or Tuple[int, ...]")
+
+
+def param_choices(task_class, name: str):
+  """The values hyperparameter `name` allows (its field's metadata "choices"), or
+  None."""
+  for field in hyperparameters(task_class):
+    if field.name == name:
+      return field.metadata.get("choices")
+  return None
 
 
 def param_defaults(task_class) -> dict:
@@ -130,10 +142,12 @@ def build_task(spec: str, params: dict) -> Task:
     with tf_loader.watch_start(f"{task_class.__name__}(...) (its __init__ or "
                                "__post_init__)"):
       return task_class(**params)
+  except TrainerError:
+    raise  # Already names the flag (a built-in task's checks).
   except (ValueError, TypeError) as e:
-    raise ConfigError(f"--task={spec}: {_first_line(e)}") from None
+    raise ConfigError(f"--task={spec}: {one_line(e)}") from None
 
 
-__all__ = ["BUILTIN", "Task", "build_task", "check_param_names", "hyperparameters", "layout_field_names",
-           "load_task_class", "metric_goal", "param_defaults", "param_type",
-           "task_params", "task_spec"]
+__all__ = ["BUILTIN", "RunContext", "Task", "build_task", "hyperparameter", "check_param_names", "hyperparameters",
+           "layout_field_names", "load_task_class", "metric_goal", "param_choices",
+           "param_defaults", "param_type", "task_params", "task_spec"]

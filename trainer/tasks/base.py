@@ -43,12 +43,50 @@ before TensorFlow starts.
 """
 
 import dataclasses
+import math
 import re
 from typing import ClassVar, Dict, Optional, Tuple
+
+from trainer.config.sections import TASK_FLAG_ALIASES, flag_value
+from trainer.errors import ConfigError
 
 # What a metric may be called: it is a TensorBoard tag, a results.json key and a
 # word of the progress line.
 METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+
+
+def hyperparameter(default, help_text: str, *, choices=None, lower=None,
+                   upper=None):
+  """A task field with the help its `--task.NAME` flag shows and the bounds
+  `Task.check_hyperparameters` enforces (a plain default works too).
+
+  Example:
+    hidden: int = trainer.hyperparameter(32, "Units of the hidden layer.", lower=1)
+  """
+  return dataclasses.field(default=default, metadata=dict(
+      help=help_text, choices=choices, lower=lower, upper=upper))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+  """What a task may know of the run it is part of (given to `Task.prepare`).
+
+  Attributes:
+    seed: --seed (the framework seeds Keras with it before build_model).
+    model_dir: the run directory.
+    is_chief: whether this process writes the run's files.
+    num_workers: processes training together.
+    num_replicas: replicas in sync over every worker.
+    per_replica_batch_size: examples per replica per step.
+    global_batch_size: examples per step over every replica.
+  """
+  seed: int = 0
+  model_dir: str = ""
+  is_chief: bool = True
+  num_workers: int = 1
+  num_replicas: int = 1
+  per_replica_batch_size: int = 32
+  global_batch_size: int = 32
 
 
 class Task:
@@ -71,8 +109,6 @@ class Task:
     treated as a dataset per pipeline (shuffled, repeated, batched, skipped).
 
   Attributes:
-    config: the run's `trainer.Config`, set by the framework before any method is
-      called (e.g. `self.config.seed`). Built-in tasks read their flags from it.
     layout_fields: names of the fields that change the model or the data layout,
       so a run cannot resume with another value. None (the default) means all
       fields; `()` means none.
@@ -85,11 +121,9 @@ class Task:
   metric_goals: ClassVar[Dict[str, str]] = {}
   best_metric: ClassVar[str] = "eval/loss"
 
-  config = None  # Set by the framework (see the class docstring).
-
-  def prepare(self):
-    """One-time preparation that needs TensorFlow, e.g. adapting a
-    `TextVectorization` or `StringLookup` layer to the training text.
+  def prepare(self, context: RunContext):
+    """One-time preparation that needs TensorFlow or the run: loading data,
+    adapting a `TextVectorization` or `StringLookup` layer to the training text.
 
     Called once per process, after the devices and the strategy are set up and
     before any other method. (A task's `__init__` or `__post_init__` runs before
@@ -97,11 +131,17 @@ class Task:
     builds as attributes of the task (`self.vectorize = ...`): `preprocess` and
     the serving methods may use it, and the export carries it.
 
+    Args:
+      context: the run's seed, batch sizes, replicas and directory.
+
     Returns:
-      None, or what it prepared (e.g. the vocabulary, as a list): its fingerprint
-      joins the training data's identity in the checkpoint, so a resume that
-      prepares something else (another vocabulary) is refused.
+      None, or what it prepared: it joins the training data's identity in the
+      checkpoint, so a resume that prepares something else (another
+      vocabulary) is refused. A dict's entries are recorded one by one (strings
+      as they are, other values by a fingerprint); any other value (e.g. the
+      vocabulary, as a list) by its fingerprint.
     """
+    del context
     return None
 
   def build_model(self):
@@ -155,6 +195,12 @@ class Task:
     returns them unchanged."""
     return features
 
+  def actions(self) -> list:
+    """The task's own actions, run after every loop call (before those given to
+    `trainer.train`), in CLI runs too: callables receiving a
+    `trainer.ActionContext` (see trainer/actions/user.py). Default: none."""
+    return []
+
   def checkpoint_items(self) -> dict:
     """{name: tf.Variable or other trackable} of state the task keeps outside its
     model (e.g. a step counter of a curriculum), checkpointed with the run and
@@ -176,6 +222,29 @@ class Task:
   def serving_outputs(self, outputs) -> dict:
     """Maps model outputs to the exported signature's {name: tensor}."""
     return {"outputs": outputs}
+
+
+def check_hyperparameters(task) -> None:
+  """Checks a task's fields against their metadata's choices and bounds.
+
+  Raises:
+    ConfigError: naming the flag (--NAME for the built-in tasks' short names,
+      else --task.NAME) and what is valid.
+  """
+  for field in hyperparameters(type(task)):
+    value, meta = getattr(task, field.name), field.metadata
+    flag = field.name if field.name in TASK_FLAG_ALIASES else f"task.{field.name}"
+    if value is None or isinstance(value, (tuple, list)):
+      continue
+    if meta.get("choices") and value not in meta["choices"]:
+      raise ConfigError(f"--{flag}={flag_value(value)}: must be one of "
+                        f"{', '.join(meta['choices'])}")
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(f"--{flag}={value}: must be a finite number")
+    if meta.get("lower") is not None and value < meta["lower"]:
+      raise ConfigError(f"--{flag}={value}: must be >= {meta['lower']}")
+    if meta.get("upper") is not None and value > meta["upper"]:
+      raise ConfigError(f"--{flag}={value}: must be <= {meta['upper']}")
 
 
 def hyperparameters(task_class) -> list:

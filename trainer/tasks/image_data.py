@@ -2,12 +2,12 @@
 (--dataset=tfrecord: files, see image_records.py)."""
 
 import dataclasses
+import hashlib
 import os
 from typing import Callable, Dict
 
 import numpy as np
 
-from trainer.config import Config
 from trainer.errors import DataError
 
 MAX_CLASSES = 100_000  # Labels beyond this are a mistake, not a data set.
@@ -43,13 +43,25 @@ class Source:
     return self.x_test, self.y_test
 
 
+_FINGERPRINT_BYTES = 64 * 2**20  # Enough to tell data sets apart, fast to read.
+
+
+def fingerprint_file(path: str) -> str:
+  """A file's size and the digest of its start: which data a run trained on."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    digest.update(f.read(_FINGERPRINT_BYTES))
+  return f"{os.path.getsize(path)} bytes, sha256 {digest.hexdigest()[:16]}"
+
+
 DIGITS_FILE = os.path.join(os.path.dirname(__file__), "digits.npz")
 
 
-def _digits(config: Config) -> Source:
+def _digits(params, seed: int) -> Source:
   """scikit-learn's 8x8 handwritten digits (1797 images), shipped with the package
   as uint8 arrays (tests check they equal sklearn.datasets.load_digits), so
   offline and without importing scikit-learn (most of a second) at start-up."""
+  del params, seed
   with np.load(DIGITS_FILE) as digits:
     x = digits["images"][..., None]  # Pixel values 0..16.
     y = digits["target"].astype(np.int64)
@@ -57,10 +69,10 @@ def _digits(config: Config) -> Source:
   return Source(x[:n_train], y[:n_train], x[n_train:], y[n_train:], 10, 1 / 16)
 
 
-def _mnist(config: Config) -> Source:
+def _mnist(params, seed: int) -> Source:
   """MNIST from --data_path (a local mnist.npz) or Keras' download."""
-  if config.data_path:
-    return _npz(config)
+  if params.data_path:
+    return _npz(params, seed)
   import keras
   try:
     (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
@@ -70,9 +82,10 @@ def _mnist(config: Config) -> Source:
   return _checked("mnist", x_train, y_train, x_test, y_test)
 
 
-def _npz(config: Config) -> Source:
+def _npz(params, seed: int) -> Source:
   """Any .npz with x_train, y_train, x_test, y_test."""
-  path = config.data_path
+  del seed
+  path = params.data_path
   try:
     loaded = np.load(path, allow_pickle=False)
   except (OSError, ValueError, EOFError) as e:
@@ -95,15 +108,13 @@ def _npz(config: Config) -> Source:
   return _checked(path, *arrays)
 
 
-def _synthetic(config: Config) -> Source:
+def _synthetic(params, seed: int) -> Source:
   """Random examples of --synthetic_shape with random labels, for benchmarks."""
-  rng = np.random.default_rng(config.seed)
-  shape = tuple(config.synthetic_shape)
-  n_test = max(1, config.synthetic_examples // 8)
-  x = rng.standard_normal((config.synthetic_examples + n_test,) + shape,
-                          dtype=np.float32)
+  rng = np.random.default_rng(seed)
+  shape = tuple(params.synthetic_shape)
+  n = params.synthetic_examples
+  x = rng.standard_normal((n + max(1, n // 8),) + shape, dtype=np.float32)
   y = rng.integers(0, 10, size=len(x)).astype(np.int64)
-  n = config.synthetic_examples
   return Source(x[:n], y[:n], x[n:], y[n:], 10)
 
 
@@ -140,12 +151,15 @@ def _checked(name, x_train, y_train, x_test, y_test) -> Source:
                 num_classes, scale)
 
 
-def _tfrecord(config: Config):
-  from trainer.tasks import image_records  # pylint: disable=g-import-not-at-top
-  return image_records.load_records(config)
+def _tfrecord(params, seed: int):
+  del seed
+  from trainer.tasks import image_records  # Imports TensorFlow: only when needed.
+  return image_records.load_records(train_files=params.train_files,
+                                    eval_files=params.eval_files,
+                                    num_classes=params.num_classes)
 
 
-_REGISTRY: Dict[str, Callable[[Config], Source]] = {
+_REGISTRY: Dict[str, Callable] = {
     "digits": _digits,
     "mnist": _mnist,
     "npz": _npz,
@@ -154,11 +168,16 @@ _REGISTRY: Dict[str, Callable[[Config], Source]] = {
 }
 
 
-def load_source(config: Config):
+DATASETS = tuple(_REGISTRY)
+
+
+def load_source(params, *, seed: int):
   """Loads the data set named by --dataset (tfrecord: finds its files).
 
   Args:
-    config: the run's config (dataset, data_path, seed, synthetic_*).
+    params: the classification task's hyperparameters (dataset, data_path,
+      train_files, eval_files, num_classes, synthetic_*).
+    seed: the run's seed (of the synthetic data).
 
   Returns:
     The data set in memory (a Source), or in TFRecord files (a RecordSource).
@@ -166,6 +185,6 @@ def load_source(config: Config):
   Raises:
     DataError: the data set is missing, malformed or has inconsistent arrays.
   """
-  if config.data_path and not os.path.isfile(config.data_path):
-    raise DataError(f"--data_path={config.data_path}: no such file")
-  return _REGISTRY[config.dataset](config)
+  if params.data_path and not os.path.isfile(params.data_path):
+    raise DataError(f"--data_path={params.data_path}: no such file")
+  return _REGISTRY[params.dataset](params, seed)

@@ -20,8 +20,8 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from trainer.config import Config
-from trainer.data import records as records_lib
+from trainer.data import record_files
+from trainer.data.records import TFRecords
 from trainer.errors import DataError
 
 ENCODED, FORMAT, SHAPE, DTYPE, LABEL = ("image/encoded", "image/format", "image/shape",
@@ -97,7 +97,7 @@ def _first_example(paths, flag: str) -> tuple:
         return path, tf.train.Example.FromString(serialized.numpy())
     except tf.errors.OpError as e:
       raise DataError(f"{flag}: {path}: record 0: "
-                      f"{records_lib.error_line(e)}") from None
+                      f"{record_files.error_line(e)}") from None
     except Exception as e:  # A protobuf DecodeError: not a tf.train.Example.
       raise DataError(f"{flag}: {path}: record 0 is not a tf.train.Example "
                       f"({type(e).__name__})") from None
@@ -151,8 +151,8 @@ class RecordSource:
     num_classes: number of classes.
     scale: factor that maps stored values to model inputs.
   """
-  train: records_lib.TFRecords
-  test: Optional[records_lib.TFRecords]
+  train: TFRecords
+  test: Optional[TFRecords]
   input_shape: tuple
   num_classes: int
   scale: float
@@ -164,33 +164,34 @@ class RecordSource:
     return self.test
 
 
-def load_records(config: Config) -> RecordSource:
+def load_records(*, train_files: str, eval_files: Optional[str],
+                 num_classes: int) -> RecordSource:
   """--train_files and --eval_files as a RecordSource.
 
   Raises:
     DataError: no file matches, a first record that does not fit the layout, or
       no number of classes (--num_classes or the index).
   """
-  paths = records_lib.glob_files(config.train_files, "--train_files")
+  paths = record_files.glob_files(train_files, "--train_files")
   layout = read_layout(paths, flag="--train_files")
-  index = records_lib.read_index_file(os.path.dirname(paths[0])) or {}
+  index = record_files.read_index_file(os.path.dirname(paths[0])) or {}
   try:
-    num_classes = config.num_classes or int(index.get("num_classes", 0))
+    num_classes = num_classes or int(index.get("num_classes", 0))
     scale = float(index.get("scale", 1 / 255 if layout.dtype == "uint8" else 1.0))
   except (TypeError, ValueError):
     raise DataError(f"--train_files: {os.path.dirname(paths[0])}/"
-                    f"{records_lib.INDEX_FILE} has num_classes or scale that are not "
+                    f"{record_files.INDEX_FILE} has num_classes or scale that are not "
                     "numbers; rewrite it with scripts/make_tfrecords.py --index"
                     ) from None
   if num_classes < 1:
     raise DataError(f"--num_classes: needed with --dataset=tfrecord when the shards' "
-                    f"folder has no {records_lib.INDEX_FILE} with num_classes (write "
+                    f"folder has no {record_files.INDEX_FILE} with num_classes (write "
                     "one with scripts/make_tfrecords.py --index)")
   parse_batch = layout.batch_parser(num_classes)
-  train = records_lib.TFRecords(tuple(paths), parse_batch=parse_batch,
+  train = TFRecords(tuple(paths), parse_batch=parse_batch,
                                 flag="--train_files")
   test = None
-  if config.eval_files:
-    test = records_lib.TFRecords(config.eval_files, parse_batch=parse_batch,
+  if eval_files:
+    test = TFRecords(eval_files, parse_batch=parse_batch,
                                  flag="--eval_files")
   return RecordSource(train, test, layout.shape, num_classes, scale)

@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from trainer.tasks.base import Task
+from trainer.tasks.base import Task, check_hyperparameters, hyperparameter
 
 _TRAIN_EXAMPLES = 353  # A fixed 80/20 split, the same on every machine.
 
@@ -42,15 +42,15 @@ def load_diabetes() -> _Diabetes:
 class Regression(Task):
   """An MLP regressor: `hidden` units per layer, `layers` hidden layers."""
 
-  hidden: int = 64
-  layers: int = 2
+  hidden: int = hyperparameter(64, "Units of each hidden layer.", lower=1)
+  layers: int = hyperparameter(2, "Hidden layers.", lower=0)
+  l2: float = hyperparameter(0.0, "L2 weight regularization factor on kernels.",
+                             lower=0.0)
 
-  layout_fields = ("hidden", "layers")
+  layout_fields = ("hidden", "layers", "l2")
 
   def __post_init__(self):
-    if self.hidden < 1 or self.layers < 0:
-      raise ValueError(f"hidden={self.hidden}, layers={self.layers}: need hidden >= 1 "
-                       "and layers >= 0")
+    check_hyperparameters(self)
 
   @functools.cached_property
   def data(self) -> _Diabetes:
@@ -58,7 +58,7 @@ class Regression(Task):
 
   def build_model(self):
     import keras  # pylint: disable=g-import-not-at-top
-    regularizer = keras.regularizers.L2(self.config.l2) if self.config.l2 else None
+    regularizer = keras.regularizers.L2(self.l2) if self.l2 else None
     model = keras.Sequential(name="regression")
     for _ in range(self.layers):
       model.add(keras.layers.Dense(self.hidden, activation="relu",

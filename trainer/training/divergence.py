@@ -3,15 +3,15 @@ non-finite.
 
 A loop call only says that one of its K steps went non-finite. When a run
 diverges with --on_nan=stop, `find_divergence` restores the last good checkpoint
-and replays the steps after it one at a time with `RunState.diagnose_step` (the
-step the train loop runs, returning its gradients) until the first non-finite
-one; the chief writes its report to MODEL_DIR/divergence.json. `replay_to` does
-the same for any step from a fresh process (`python -m trainer.replay`), so the
-bad batch and layer can be looked at again; under --deterministic it prints the
-same numbers, bit for bit.
+and replays the steps after it one at a time with the trainer's `diagnose_step`
+(the step the train loop runs, returning its gradients) until the first
+non-finite one; the chief writes its report to MODEL_DIR/divergence.json.
+`replay_to` does the same for any step of a run opened read-only (`python -m
+trainer.replay`), so the bad batch and layer can be looked at again; under
+--deterministic it prints the same numbers, bit for bit.
 
 The examples of a step are a pure function of (seed, step) for array data: the
-report lists their indices in the training set. A tf.data task's report gives the
+report lists their indices in the training set. Streamed data's report gives the
 step's positions in its (seeded) stream instead.
 """
 
@@ -21,11 +21,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from trainer import data
 from trainer.errors import ModelDirError
 from trainer.outputs import run_dir
-from trainer.training.controller import train_iterator
-from trainer.training.state import RunState
+from trainer.training.checkpoint_files import (CHECKPOINT_SUBDIR, checkpoint_steps,
+                                               path_of)
 
 DIVERGENCE_FILE = "divergence.json"
 ROLLBACKS_FILE = "rollbacks.json"  # --on_nan=rollback's count and rate multiplier.
@@ -54,35 +53,20 @@ def _finite(outputs) -> bool:
   return bool(np.isfinite(outputs["loss"]) and np.isfinite(outputs["gradient_norm"]))
 
 
-def variable_names(state: RunState) -> list:
-  return [getattr(v, "path", v.name) for v in state.model.trainable_variables]
+def variable_names(trainer) -> list:
+  return [getattr(v, "path", v.name) for v in trainer.model.trainable_variables]
 
 
-def step_examples(state: RunState, step: int) -> dict:
-  """Which training examples step `step` (the update to global step `step`) read."""
-  config = state.config
-  per_update = state.global_batch_size * config.grad_accum_steps
-  start = (step - 1) * per_update
-  if not isinstance(state.train_data, data.ArrayData):
-    return {"stream_positions": [start, start + per_update]}
-  indices = [data.example_indices(
-      tf.range(first, first + state.global_batch_size, dtype=tf.int64),
-      num_examples=state.train_data.num_examples,
-      global_batch_size=state.global_batch_size, seed=config.seed,
-      shuffle=config.shuffle).numpy()
-             for first in range(start, start + per_update, state.global_batch_size)]
-  return {"indices": np.concatenate(indices).tolist()}
-
-
-def _report(state: RunState, step: int, checkpoint_step: int, outputs) -> dict:
-  names = variable_names(state)
+def _report(trainer, train_data, *, model_dir: str, step: int,
+            checkpoint_step: int, outputs) -> dict:
+  names = variable_names(trainer)
   norms = [float(n) for n in outputs["gradient_norms"]]
   first_bad = next((name for name, finite in zip(names, outputs["gradients_finite"])
                     if not finite), None)
   return {
       "step": step,
       "finite": _finite(outputs),
-      "checkpoint": os.path.basename(state.checkpoints.path_of(checkpoint_step)),
+      "checkpoint": os.path.basename(path_of("", checkpoint_step)),
       "checkpoint_step": checkpoint_step,
       "loss": _number(outputs["loss"]),
       "gradient_norm": _number(outputs["gradient_norm"]),
@@ -91,18 +75,22 @@ def _report(state: RunState, step: int, checkpoint_step: int, outputs) -> dict:
       "first_nonfinite_gradient": first_bad,
       # Pairs, in the model's order (a JSON object's keys may be sorted).
       "gradient_norms": [[name, _number(n)] for name, n in zip(names, norms)],
-      "examples": step_examples(state, step),
-      "replay": f"python -m trainer.replay --model_dir={state.config.model_dir} "
-                f"--step={step}",
+      "examples": train_data.step_examples(
+          trainer.order, first_step=(step - 1) * trainer.accum_steps,
+          steps=trainer.accum_steps),
+      "replay": f"python -m trainer.replay --model_dir={model_dir} --step={step}",
   }
 
 
-def replay_to(state: RunState, step: int, *, stop_at_nonfinite: bool,
-              on_step=None):
+def replay_to(trainer, train_data, checkpoints, *, model_dir: str, step: int,
+              stop_at_nonfinite: bool, on_step=None):
   """Restores the newest checkpoint before `step` and replays up to it.
 
   Args:
-    state: the run's state (the model's weights are replaced).
+    trainer: the run's trainer (its weights are replaced).
+    train_data: its training data.
+    checkpoints: its Checkpoints.
+    model_dir: the run directory (named in the report's replay command).
     step: the step to report (the update to global step `step`).
     stop_at_nonfinite: report the first non-finite step before `step` instead.
     on_step: called with no arguments after each replayed step, or None.
@@ -113,32 +101,35 @@ def replay_to(state: RunState, step: int, *, stop_at_nonfinite: bool,
   Raises:
     ModelDirError: there is no checkpoint before `step`.
   """
-  checkpoint_step = state.restore_checkpoint(before=step)
+  checkpoint_step = checkpoints.restore(before=step)
   if checkpoint_step is None:
-    raise ModelDirError(f"--model_dir={state.config.model_dir}: no checkpoint before "
-                        f"step {step} to replay from")
-  iterator = train_iterator(state)
+    raise ModelDirError(f"--model_dir={model_dir}: no checkpoint before step {step} "
+                        "to replay from")
+  iterator = trainer.train_iterator(train_data)
   for current in range(checkpoint_step + 1, step + 1):
     outputs = {k: (v.numpy() if hasattr(v, "numpy") else [t.numpy() for t in v])
-               for k, v in state.diagnose_step(iterator).items()}
+               for k, v in trainer.diagnose_step(iterator).items()}
     if on_step is not None:
       on_step()
     if current == step or (stop_at_nonfinite and not _finite(outputs)):
-      return _report(state, current, checkpoint_step, outputs), outputs
+      return _report(trainer, train_data, model_dir=model_dir, step=current,
+                     checkpoint_step=checkpoint_step, outputs=outputs), outputs
   raise AssertionError("unreachable: the loop returns at `step`")
 
 
-def find_divergence(state: RunState, *, until: int, on_step=None) -> dict:
+def find_divergence(trainer, train_data, checkpoints, *, model_dir: str, until: int,
+                    on_step=None) -> dict:
   """The first non-finite step after the last checkpoint, up to `until`; written
   to MODEL_DIR/divergence.json by the chief. Every worker must call it (the
   replayed steps are collective). `on_step` is called after each replayed step."""
-  report, _ = replay_to(state, until, stop_at_nonfinite=True, on_step=on_step)
+  report, _ = replay_to(trainer, train_data, checkpoints, model_dir=model_dir,
+                        step=until, stop_at_nonfinite=True, on_step=on_step)
   if report["finite"]:
     report["note"] = (f"the replay from step {report['checkpoint_step']} to {until} "
                       "stayed finite: the divergence did not reproduce (rerun with "
                       "--deterministic)")
-  if state.is_chief:
-    run_dir.write_json(os.path.join(state.config.model_dir, DIVERGENCE_FILE), report)
+  if trainer.cluster.is_chief:
+    run_dir.write_json(os.path.join(model_dir, DIVERGENCE_FILE), report)
   return report
 
 
@@ -165,16 +156,12 @@ def format_report(report: dict) -> str:
   return "\n".join(lines)
 
 
-def dump_step(state: RunState, step: int, outputs, path: str):
+def dump_step(trainer, train_data, *, step: int, outputs, path: str):
   """Writes step `step`'s batch (as stored, before Task.preprocess), its example
-  indices and its all-reduced gradients to an .npz file."""
-  config = state.config
-  batches = data.host_batches(
-      state.train_data, num_replicas=state.num_replicas,
-      global_batch_size=state.global_batch_size, seed=config.seed,
-      shuffle=config.shuffle, shuffle_buffer=config.shuffle_buffer,
-      start_step=(step - 1) * config.grad_accum_steps,
-      count=config.grad_accum_steps)
+  indices and its all-reduced gradients (dense) to an .npz file."""
+  batches = train_data.host_batches(
+      trainer.order, num_replicas=trainer.num_replicas,
+      start_step=(step - 1) * trainer.accum_steps, count=trainer.accum_steps)
   arrays = {}
   for name, part in (("features", 0), ("labels", 1)):
     nest = tf.nest.map_structure(lambda *t: np.concatenate([x.numpy() for x in t]),
@@ -185,10 +172,12 @@ def dump_step(state: RunState, step: int, outputs, path: str):
       arrays.update({f"{name}/{i}": value
                      for i, value in enumerate(tf.nest.flatten(nest))}
                     if isinstance(nest, (tuple, list)) else {name: nest})
-  examples = step_examples(state, step)
+  examples = train_data.step_examples(
+      trainer.order, first_step=(step - 1) * trainer.accum_steps,
+      steps=trainer.accum_steps)
   if "indices" in examples:
     arrays["example_indices"] = np.array(examples["indices"], np.int64)
-  for name, gradient in zip(variable_names(state), outputs["gradients"]):
+  for name, gradient in zip(variable_names(trainer), outputs["gradients"]):
     arrays[f"gradient/{name}"] = np.asarray(gradient)
   with open(path, "wb") as f:
     np.savez(f, **arrays)
@@ -198,12 +187,12 @@ def replay_run(model_dir: str, step: int, *, dump: str = None,
                cpu_devices: int = None) -> dict:
   """`python -m trainer.replay`: replays step `step` of the run in `model_dir`.
 
-  The run's flags come from its flags.txt; its files are only read. A
-  multi-worker run is replayed in this one process with the same global batch.
+  The run's files are only read. A multi-worker run is replayed in this one
+  process with the same global batch.
 
   Args:
     model_dir: the run directory.
-    step: the step to replay (>= 1).
+    step: the step to replay (>= 1, at most the run's last).
     dump: an .npz path for the step's batch, example indices and gradients.
     cpu_devices: replicas to replay on (default: the run's --cpu_devices).
 
@@ -211,47 +200,42 @@ def replay_run(model_dir: str, step: int, *, dump: str = None,
     The step's report (as in divergence.json).
 
   Raises:
-    TrainerError: not a run, no checkpoint before `step`, or bad flags.
+    TrainerError: not a run, a step it never trained, no checkpoint before it, or
+      per-worker input of several workers.
   """
-  from trainer import config as config_lib  # pylint: disable=g-import-not-at-top
-  from trainer import tasks  # pylint: disable=g-import-not-at-top
-  from trainer.training.setup import setup  # pylint: disable=g-import-not-at-top
-  from trainer.training.state import build_state  # pylint: disable=g-import-not-at-top
-  flags_path = os.path.join(model_dir, run_dir.FLAGS_FILE)
-  if not os.path.isfile(flags_path):
-    raise ModelDirError(f"--model_dir={model_dir}: no {run_dir.FLAGS_FILE}, not a "
-                        "trainer run")
-  config = config_lib.load_flagfile(flags_path).replace(model_dir=model_dir,
-                                                        mode="train", summaries=False)
+  from trainer.training.open_run import open_run  # It builds on the trainer.
   results = run_dir.read_json(os.path.join(model_dir, run_dir.RESULTS_FILE))
-  global_batch = results.get("global_batch_size") if isinstance(results, dict) else None
-  if isinstance(global_batch, int):  # The run's batches, on any replica count.
-    config = config.replace(global_batch_size=global_batch, per_replica_batch_size=None)
-  workers = results.get("num_workers", 1) if isinstance(results, dict) else 1
-  if config.strategy == "multi_worker":
-    config = config.replace(strategy="mirrored")
+  results = results if isinstance(results, dict) else {}
+  steps = checkpoint_steps(os.path.join(model_dir, CHECKPOINT_SUBDIR))
+  last = max([*steps, results.get("global_step") or 0])
+  if steps and step > last:
+    raise ModelDirError(f"--step={step}: the run in {model_dir} trained to step "
+                        f"{last}; replay a step from 1 to {last}")
+  changes = {"summaries": False, "strategy": "mirrored"}
+  if isinstance(results.get("global_batch_size"), int):  # The run's batches, on
+    changes.update(global_batch_size=results["global_batch_size"],  # any replicas.
+                   per_replica_batch_size=None)
   if cpu_devices:
-    config = config.replace(cpu_devices=cpu_devices)
-  task = tasks.build_task(config.task, config.task_kwargs)
-  found = setup(config, task)
-  if data.is_per_pipeline(found.train_data) and workers > 1:
+    changes["cpu_devices"] = cpu_devices
+  built = open_run(model_dir, mode="train", **changes)
+  trainer = built.trainer
+  if built.train_data.per_pipeline and results.get("num_workers", 1) > 1:
     # Each worker read its own files: one process would read another batch.
     raise ModelDirError(
-        f"--model_dir={model_dir}: its {workers} workers each read their own files "
-        "(per-worker input); one process cannot replay their steps: rerun the "
-        "cluster from the checkpoint before the step instead")
-  state = build_state(config, task, found.strategy, train_data=found.train_data,
-                      prepared=found.prepared,
-                      eval_data=found.eval_data, is_chief=True, read_only=True)
+        f"--model_dir={model_dir}: its {results['num_workers']} workers each read "
+        "their own files (per-worker input); one process cannot replay their "
+        "steps: rerun the cluster from the checkpoint before the step instead")
   # The rate the run trained with after its last --on_nan=rollback (steps before
   # that rollback's checkpoint were trained at a higher one and discarded).
   _, multiplier = saved_rollbacks(model_dir)
-  if multiplier != 1.0 and state.base_learning_rate is not None:
-    state.set_peak_rate(state.base_learning_rate * multiplier)
+  if multiplier != 1.0 and trainer.base_learning_rate is not None:
+    trainer.set_peak_rate(trainer.base_learning_rate * multiplier)
   try:
-    report, outputs = replay_to(state, step, stop_at_nonfinite=False)
+    report, outputs = replay_to(trainer, built.train_data, built.checkpoints,
+                                model_dir=model_dir, step=step,
+                                stop_at_nonfinite=False)
     if dump:
-      dump_step(state, step, outputs, dump)
+      dump_step(trainer, built.train_data, step=step, outputs=outputs, path=dump)
   finally:
-    state.checkpoints.close()
+    built.checkpoints.close()
   return report

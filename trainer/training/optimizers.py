@@ -1,30 +1,72 @@
-"""The optimizer: the task's own, or the one --optimizer names."""
+"""The optimizer (the task's own, or the one --optimizer names) and the update rule
+around it: the learning-rate schedule, clipping, accumulation and the moving
+average of the weights."""
 
 import keras
+import tensorflow as tf
 
-from trainer.config import Config
+from trainer.config import OptimizationConfig
+from trainer.training import schedules
+from trainer.training.steps import UpdateRule
 
 
-def build_optimizer(config: Config, task) -> keras.optimizers.Optimizer:
+def build_optimizer(optimization: OptimizationConfig,
+                    task) -> keras.optimizers.Optimizer:
   """The task's optimizer if it builds one, else --optimizer at --learning_rate.
 
   The rate is then driven by the train loop (--lr_schedule). Under
   --mixed_precision=mixed_float16 it is wrapped for dynamic loss scaling. Call it
   inside `strategy.scope()`.
   """
+  o = optimization
   optimizer = task.build_optimizer()
   if optimizer is None:
-    rate = config.learning_rate
-    if config.optimizer == "adam":
+    rate = o.learning_rate
+    if o.optimizer == "adam":
       optimizer = keras.optimizers.Adam(rate)
-    elif config.optimizer == "adamw":
-      optimizer = keras.optimizers.AdamW(rate, weight_decay=config.weight_decay)
-    elif config.optimizer == "lion":
-      optimizer = keras.optimizers.Lion(rate, weight_decay=config.weight_decay or None)
-    elif config.optimizer == "sgd":
+    elif o.optimizer == "adamw":
+      optimizer = keras.optimizers.AdamW(rate, weight_decay=o.weight_decay)
+    elif o.optimizer == "lion":
+      optimizer = keras.optimizers.Lion(rate, weight_decay=o.weight_decay or None)
+    elif o.optimizer == "sgd":
       optimizer = keras.optimizers.SGD(rate)
     else:
-      optimizer = keras.optimizers.SGD(rate, momentum=config.momentum)
-  if config.mixed_precision == "mixed_float16":
+      optimizer = keras.optimizers.SGD(rate, momentum=o.momentum)
+  if o.mixed_precision == "mixed_float16":
     optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
   return optimizer
+
+
+def rate_variable(optimizer):
+  """The variable holding the optimizer's learning rate; None under a schedule."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer.
+  rate = getattr(inner, "_learning_rate", None)  # Keras has no public handle.
+  return rate if hasattr(rate, "assign") else None
+
+
+def learning_rate(optimizer):
+  """The optimizer's current learning rate, or None under a schedule."""
+  rate = rate_variable(optimizer)
+  return None if rate is None else float(rate.numpy())
+
+
+def update_rule(optimization: OptimizationConfig, *, model, optimizer,
+                train_steps: int) -> UpdateRule:
+  """The update's options from the flags; call inside `strategy.scope()`."""
+  variable = rate_variable(optimizer)
+  rate_base = None
+  if variable is not None:  # Not a task optimizer's own schedule.
+    rate_base = tf.Variable(float(variable.numpy()), trainable=False,
+                            name="peak_learning_rate",
+                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  ema_variables = ()
+  if optimization.ema_decay:
+    ema_variables = tuple(
+        tf.Variable(v.value, trainable=False, name=f"ema_{i}",
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        for i, v in enumerate(model.trainable_variables))
+  return UpdateRule(
+      accum_steps=optimization.grad_accum_steps, clip_norm=optimization.clip_norm,
+      rate_variable=variable, rate_base=rate_base,
+      rate_factor=schedules.schedule_of(optimization, train_steps=train_steps),
+      ema_decay=optimization.ema_decay, ema_variables=ema_variables)

@@ -60,17 +60,21 @@ def rate_factor(step, *, schedule: str, warmup_steps: int, decay_steps: int,
   return decayed
 
 
-def config_rate_factor(config):
-  """`rate_factor` with the schedule --lr_schedule and its flags describe."""
-  min_ratio = (config.min_learning_rate / config.learning_rate
-               if config.learning_rate else 0.0)
+def schedule_of(optimization, *, train_steps: int):
+  """`step -> factor`: the schedule --lr_schedule and its flags describe.
+
+  Args:
+    optimization: the OptimizationConfig (lr_schedule, warmup_steps, ...).
+    train_steps: --train_steps, where decay ends by default.
+  """
+  o = optimization
+  min_ratio = o.min_learning_rate / o.learning_rate if o.learning_rate else 0.0
 
   @tf.autograph.experimental.do_not_convert
   def factor_at(step):
-    return rate_factor(step, schedule=config.lr_schedule,
-                       warmup_steps=config.warmup_steps,
-                       decay_steps=config.decay_steps or config.train_steps,
-                       min_ratio=min_ratio, factor=config.lr_decay_factor,
-                       boundaries=config.lr_boundaries)
+    return rate_factor(step, schedule=o.lr_schedule, warmup_steps=o.warmup_steps,
+                       decay_steps=o.decay_steps or train_steps,
+                       min_ratio=min_ratio, factor=o.lr_decay_factor,
+                       boundaries=o.lr_boundaries)
 
   return factor_at

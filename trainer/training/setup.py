@@ -1,6 +1,9 @@
-"""Before MODEL_DIR is touched: devices, the strategy, the task bound to the run's
-config, and its data checked. Everything here can fail with a one-line error and
-leave no trace on disk."""
+"""Phases 1 to 3 of a run, shared by training, `--mode=eval`, replay and
+`trainer.load`: the devices and the strategy, the task and its data, the trainer.
+
+Everything here can fail with a one-line error and leaves no trace on disk:
+nothing is written before the run claims its directory.
+"""
 
 import dataclasses
 
@@ -9,75 +12,38 @@ import tensorflow as tf
 from trainer import data, tasks
 from trainer.config import Config
 from trainer.distribute import devices
-from trainer.errors import ConfigError, DataError
-from trainer.tasks import Task
+from trainer.distribute.cluster import Cluster, cluster_of
+from trainer.errors import ConfigError, user_code
+from trainer.outputs.console import Console
+from trainer.tasks import RunContext, Task
+from trainer.training.checkpoints import Checkpoints
+from trainer.training.trainer import Trainer
 
 
-@dataclasses.dataclass(frozen=True)
-class Setup:
-  """What `setup` found: the strategy, this process's role, the task and data."""
-  strategy: tf.distribute.Strategy
-  is_chief: bool
-  task: Task
-  train_data: object  # data.ArrayData, StreamData, TFRecords or PipelineData
-  eval_data: object  # the same, or None
-  per_replica_batch_size: int  # From the batch flags and the replica count.
-  prepared: object = None  # What Task.prepare() returned.
+@dataclasses.dataclass
+class Built:
+  """What a run is made of, before anything is restored.
 
-  @property
-  def global_batch_size(self) -> int:
-    return self.per_replica_batch_size * self.strategy.num_replicas_in_sync
-
-
-def bind(task: Task, config: Config) -> Task:
-  """Gives the task its run's config (`task.config`), also for frozen dataclasses."""
-  object.__setattr__(task, "config", config)
-  return task
-
-
-def setup(config: Config, task: Task) -> Setup:
-  """Configures devices and the strategy, binds the task, loads and checks its data.
-
-  Raises:
-    TrainerError: bad devices, cluster, data, or a mode the task cannot serve.
+  Attributes:
+    config: the run's configuration.
+    task: its task, prepared.
+    cluster: this process's place in the run.
+    train_data: the task's training data (a TaskData).
+    eval_data: its eval data, or None.
+    prepared: what Task.prepare returned.
+    trainer: the model, optimizer, step and loops.
+    checkpoints: the run's checkpoints (nothing restored yet).
+    console: the run's output channel.
   """
-  devices.configure_devices(config)
-  strategy = devices.make_strategy(config)
-  per_replica, _ = config.batch_sizes(strategy.num_replicas_in_sync,
-                                      exact=config.mode != "eval")
-  if config.deterministic:
-    tf.config.experimental.enable_op_determinism()
-  bind(task, config)
-  prepared = task.prepare()
-  train_data = data.as_task_data(task.train_data(), what="Task.train_data()")
-  eval_value = task.eval_data()
-  eval_data = (None if eval_value is None else
-               data.as_task_data(eval_value, what="Task.eval_data()", finite=True))
-  if eval_data is None and config.mode != "train":
-    raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
-                      "(Task.eval_data() returned None); use --mode=train")
-  result = Setup(strategy=strategy, is_chief=devices.is_chief(strategy), task=task,
-                 train_data=train_data, eval_data=eval_data,
-                 per_replica_batch_size=per_replica, prepared=prepared)
-  num_pipelines, _ = data.input_pipelines(strategy)
-  for what, split in (("train", train_data), ("eval", eval_data)):
-    if isinstance(split, data.TFRecords):
-      if split.note and (result.is_chief or num_pipelines > 1):
-        print(split.note, flush=True)
-      # Every worker checks every pipeline: they all stop, with the same line.
-      empty = [p for p in range(num_pipelines)
-               if not split.shard(num_pipelines, p).num_examples]
-      if what == "train" and empty:
-        raise DataError(f"{split.flag}: input pipeline {empty[0]} of "
-                        f"{num_pipelines} gets no records; write more shards")
-  if isinstance(train_data, data.ArrayData):
-    n, global_batch = train_data.num_examples, result.global_batch_size
-    if n < global_batch:
-      raise DataError(f"the training set has {n} examples, fewer than one global "
-                      f"batch of {global_batch} ({per_replica} per replica x "
-                      f"{strategy.num_replicas_in_sync} replicas); lower "
-                      "--per_replica_batch_size or --global_batch_size")
-  return result
+  config: Config
+  task: Task
+  cluster: Cluster
+  train_data: data.TaskData
+  eval_data: object
+  prepared: object
+  trainer: Trainer
+  checkpoints: Checkpoints
+  console: Console
 
 
 def resolve_task(config: Config, task: Task = None) -> tuple:
@@ -100,3 +66,68 @@ def resolve_task(config: Config, task: Task = None) -> tuple:
     raise ConfigError(f"--hparams: task {config.task} has no hyperparameter "
                       f"{unknown[0][len('task.'):]}")
   return config, task
+
+
+def build(config: Config, task: Task, *, read_only: bool = False) -> Built:
+  """Sets up devices and the strategy, prepares the task, checks its data and
+  builds the trainer.
+
+  Args:
+    config: the run's configuration (model_dir set).
+    task: the task (resolve_task's).
+    read_only: open another process's run (an evaluation, a replay): its
+      checkpoints are never written.
+
+  Raises:
+    TrainerError: bad devices, cluster, data, task, or a mode the task cannot
+      serve.
+  """
+  # 1. Devices and the strategy (before TensorFlow starts: the CPU's split).
+  devices.configure_devices(config.distribute)
+  strategy = devices.make_strategy(config.distribute)
+  cluster = cluster_of(strategy)
+  training = config.mode != "eval"
+  per_replica, global_batch = config.input.batch_sizes(cluster.num_replicas,
+                                                       exact=training)
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  console = Console(total_steps=config.train_steps, is_chief=cluster.is_chief,
+                    progress_lines=config.summaries)
+
+  # 2. The task and its data.
+  with user_code("Task.prepare"):
+    prepared = task.prepare(RunContext(
+        seed=config.seed, model_dir=config.model_dir, is_chief=cluster.is_chief,
+        num_workers=cluster.num_workers, num_replicas=cluster.num_replicas,
+        per_replica_batch_size=per_replica, global_batch_size=global_batch))
+  with user_code("Task.train_data"):
+    train_value = task.train_data()
+  train_data = data.as_task_data(train_value, what="Task.train_data()")
+  with user_code("Task.eval_data"):
+    eval_value = task.eval_data()
+  eval_data = (None if eval_value is None else
+               data.as_task_data(eval_value, what="Task.eval_data()", finite=True))
+  if eval_data is None and config.mode != "train":
+    raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
+                      "(Task.eval_data() returned None); use --mode=train")
+  for split in (train_data, eval_data):
+    if split is not None and split.note:
+      console.say(split.note)
+  if training:
+    train_data.check_training(cluster, global_batch)
+
+  # 3. The trainer: model, optimizer, step, ledgers and loops, under the strategy.
+  order = data.Order(seed=config.seed, shuffle=config.shuffle,
+                     buffer=config.shuffle_buffer, global_batch_size=global_batch)
+  trainer = Trainer.build(
+      task=task, strategy=strategy, cluster=cluster, train_data=train_data,
+      optimization=config.optimization, order=order,
+      per_replica_batch_size=per_replica, seed=config.seed,
+      train_steps=config.train_steps,
+      gather=training and config.array_input == "gather")
+  checkpoints = Checkpoints(model_dir=config.model_dir, trainer=trainer,
+                            keep=config.keep_checkpoints, read_only=read_only,
+                            say=console.say)
+  return Built(config=config, task=task, cluster=cluster, train_data=train_data,
+               eval_data=eval_data, prepared=prepared, trainer=trainer,
+               checkpoints=checkpoints, console=console)

@@ -347,19 +347,24 @@ def make_eval_loop(*, strategy, task, model, ledger, totals, per_replica_batch_s
   return eval_loop
 
 
-def make_stop_vote(strategy):
-  """Builds `stop_vote(stopping) -> whether any worker is stopping`.
+def make_stop_vote(strategy, *, codes: int = 8):
+  """Builds `stop_vote(code) -> the largest code of every worker` (codes below
+  `codes`).
 
-  Workers of a multi-worker run receive signals at different moments; voting after
-  every loop call makes them all stop after the same step (a collective that one
-  worker skipped would hang the others). Outside multi-worker it is the identity.
+  Workers of a multi-worker run receive signals (or run out of time) at different
+  moments; voting after every loop call makes them all stop after the same step,
+  for the most urgent reason any of them has (a collective that one worker skipped
+  would hang the others). Outside multi-worker it is the identity.
   """
   if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    return lambda stopping: stopping
+    return lambda code: code
 
   @tf.function
-  def stop_vote(stopping):
-    votes = strategy.run(lambda s: tf.cast(s, tf.float32), args=(stopping,))
-    return strategy.reduce(_SUM, votes, axis=None) > 0
+  def stop_vote(code):
+    # A sum of one-hot votes: collectives sum, and the largest code voted for is
+    # the last non-zero entry.
+    votes = strategy.run(lambda c: tf.one_hot(c, codes), args=(code,))
+    total = strategy.reduce(_SUM, votes, axis=None)
+    return tf.reduce_max(tf.where(total > 0, tf.range(codes), 0))
 
-  return lambda stopping: bool(stop_vote(tf.constant(stopping)))
+  return lambda code: int(stop_vote(tf.constant(code, tf.int32)))

@@ -1,0 +1,24 @@
+"""Saves a checkpoint every --checkpoint_every steps and at --train_steps."""
+
+from trainer.actions.base import Action, LoopCall, due, next_multiple
+
+
+class Checkpoint(Action):
+  """Saves the run's state; flushes the events with it."""
+
+  def __init__(self, *, checkpoints, summaries, every: int, train_steps: int):
+    self._checkpoints = checkpoints
+    self._summaries = summaries
+    self._every = every
+    self._train_steps = train_steps
+
+  def next_stop(self, step):
+    return next_multiple(step, self._every)
+
+  def save(self):
+    self._checkpoints.save()
+    self._summaries.flush()  # Events on disk reach at least the checkpoint's step.
+
+  def __call__(self, call: LoopCall):
+    if due(call.step, self._every) or call.step >= self._train_steps:
+      self.save()

@@ -1,0 +1,242 @@
+"""In-memory arrays as a task's data: an order that is a pure function of (seed, step).
+
+Global step `s` reads the positions `[s*B, (s+1)*B)` of an endless stream in
+which epoch `e` is a stateless permutation of the training set (`index_shuffle`
+seeded by (seed, e)), each epoch dropping its last partial batch. Resuming at step
+`s` starts the stream at `s*B` and needs no iterator state.
+
+The replicas either read their batches from a tf.data pipeline split by
+`experimental_distribute_dataset`, or gather them in-graph (`GatherInput`, the
+default up to 1 GiB): a distributed iterator costs every step a host round of
+`get_next` across the replicas' devices (a third of a small model's step on CPUs),
+and arrays need none of it. `GatherInput` copies the arrays once to every
+replica's device, and inside `strategy.run` replica r of micro-step s gathers
+positions `[s*B + r*b, s*B + (r+1)*b)` of the permuted stream, where b is the
+per-replica batch: exactly the examples `experimental_distribute_dataset` gives
+replica r, so the two paths train bit-identically (tests/test_gather.py). The
+batch assertion and the ledger run on the gathered batch as on an iterator's.
+
+Evaluation pads the split to whole global batches with weight-0 copies of its last
+example, so every example counts exactly once on any replica count.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.data import base
+from trainer.errors import DataError
+
+_ENDLESS = 2**62  # Stream positions: more than any run will read.
+MAX_GATHER_BYTES = 2**30  # Larger arrays keep the tf.data path (a copy per device).
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayData(base.TaskData):
+  """(features, labels) held in memory: nests of arrays with a common first dim."""
+  features: object
+  labels: object
+  what: str = "the arrays"
+
+  @property
+  def num_examples(self) -> int:
+    return len(tf.nest.flatten(self.features)[0])
+
+  @property
+  def element_spec(self):
+    return tf.nest.map_structure(
+        lambda a: tf.TensorSpec(a.shape[1:], tf.as_dtype(a.dtype)),
+        (self.features, self.labels))
+
+  def first(self, count: int):
+    return tf.nest.map_structure(lambda a: tf.constant(a[:count]),
+                                 (self.features, self.labels))
+
+  def identity(self) -> dict:
+    return {"examples": self.num_examples}
+
+  def count(self, cluster) -> int:
+    del cluster
+    return self.num_examples
+
+  def check_training(self, cluster, global_batch_size: int):
+    if self.num_examples < global_batch_size:
+      raise DataError(
+          f"the training set has {self.num_examples} examples, fewer than one "
+          f"global batch of {global_batch_size} "
+          f"({global_batch_size // cluster.num_replicas} per replica x "
+          f"{cluster.num_replicas} replicas); lower --per_replica_batch_size or "
+          "--global_batch_size")
+
+  def _tensors(self):
+    return tf.nest.map_structure(tf.constant, (self.features, self.labels))
+
+  def train_dataset(self, order: base.Order, *, start_step: int,
+                    preprocess=None) -> tf.data.Dataset:
+    """The endless stream of global batches from `start_step` on, each gathered
+    by the indices of its positions."""
+    n, batch = self.num_examples, order.global_batch_size
+    features, labels = self._tensors()
+
+    def gather(positions):
+      index = example_indices(positions, num_examples=n, order=order)
+      take = lambda a: tf.gather(a, index)  # noqa: E731
+      taken = tf.nest.map_structure(take, features)
+      return (taken if preprocess is None else preprocess(taken),
+              tf.nest.map_structure(take, labels))
+
+    dataset = tf.data.Dataset.range(start_step * batch, _ENDLESS)
+    dataset = dataset.batch(batch, drop_remainder=True)
+    dataset = dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options())
+
+  def train_input(self, strategy, cluster, order, *, start_step, preprocess):
+    del cluster
+    return base.distribute(strategy, self.train_dataset(
+        order, start_step=start_step, preprocess=preprocess))
+
+  def eval_input(self, strategy, cluster, *, global_batch_size, preprocess):
+    del cluster
+    n = self.num_examples
+    num_batches = -(-n // global_batch_size)
+    features, labels = self._tensors()
+
+    def gather(positions):
+      index = tf.minimum(positions, n - 1)  # Padding repeats the last example...
+      weight = tf.cast(positions < n, tf.float32)  # ...with weight 0.
+      take = lambda a: tf.gather(a, index)  # noqa: E731
+      return (preprocess(tf.nest.map_structure(take, features)),
+              tf.nest.map_structure(take, labels), weight)
+
+    dataset = tf.data.Dataset.range(num_batches * global_batch_size)
+    dataset = dataset.batch(global_batch_size, drop_remainder=True)
+    dataset = dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options())
+    return base.distribute(strategy, dataset), num_batches
+
+  def host_batches(self, order, *, num_replicas, start_step, count):
+    del num_replicas  # Global batches split in replica order, as distributed.
+    return list(self.train_dataset(order, start_step=start_step).take(count))
+
+  def step_examples(self, order, *, first_step, steps):
+    batch = order.global_batch_size
+    positions = tf.range(first_step * batch, (first_step + steps) * batch,
+                         dtype=tf.int64)
+    indices = [example_indices(positions[i * batch:(i + 1) * batch],
+                               num_examples=self.num_examples, order=order).numpy()
+               for i in range(steps)]
+    return {"indices": np.concatenate(indices).tolist()}
+
+  def gather_input(self, strategy, cluster, order, *, per_replica_batch_size,
+                   preprocess):
+    # Under multi-worker with several replicas per worker the distributed dataset
+    # gives worker w's local replica k slice k*W + w, not w*R + k: the gathered
+    # order would differ, so those keep the tf.data path.
+    if cluster.num_workers > 1 and cluster.num_replicas > cluster.num_workers:
+      return None
+    size = sum(np.asarray(a).nbytes
+               for a in tf.nest.flatten((self.features, self.labels)))
+    if size > MAX_GATHER_BYTES:
+      return None
+    return GatherInput(strategy=strategy, data=self, order=order,
+                       per_replica_batch_size=per_replica_batch_size,
+                       preprocess=preprocess)
+
+
+@tf.autograph.experimental.do_not_convert
+def example_indices(positions, *, num_examples: int, order: base.Order):
+  """The training-set indices of the examples at stream `positions` (within one
+  global batch, e.g. `range(s*B, (s+1)*B)` for global step s): the arrays' order.
+
+  Args:
+    positions: int64 tensor of consecutive positions within one global batch.
+    num_examples: the training set's size.
+    order: the seed, whether to shuffle, and the global batch.
+  """
+  global_batch_size = order.global_batch_size
+  positions = tf.convert_to_tensor(positions, tf.int64)
+  steps_per_epoch = num_examples // global_batch_size
+  step = positions // global_batch_size
+  epoch = step // steps_per_epoch
+  index = (step % steps_per_epoch) * global_batch_size + positions % global_batch_size
+  if order.shuffle:
+    # A batch never straddles epochs, so one seed serves the whole batch.
+    seeds = tf.stack([tf.constant(order.seed, tf.int64), epoch[0]])
+    index = tf.random.experimental.index_shuffle(index, seeds, num_examples - 1)
+  return index
+
+
+class GatherInput:
+  """Array data on every replica's device, read by (seed, step, replica)."""
+
+  def __init__(self, *, strategy, data: ArrayData, order: base.Order,
+               per_replica_batch_size: int, preprocess):
+    """Copies the arrays to every replica's device.
+
+    Args:
+      strategy: the run's strategy (its scope mirrors the copies).
+      data: the training arrays.
+      order: the data order (seed, shuffle, global batch).
+      per_replica_batch_size: examples per replica per micro-step.
+      preprocess: the task's map from a batch of stored features to model inputs.
+    """
+    self._order = order
+    self._per_replica = per_replica_batch_size
+    self._num_examples = data.num_examples
+    self._preprocess = preprocess
+    # One copy per replica device, made locally on every worker (each has the
+    # same arrays): not variables, which multi-worker would broadcast (and
+    # collectives have no uint8).
+    arrays, devices = (data.features, data.labels), strategy.extended.worker_devices
+
+    def on_replica_device(context):  # Not placed by the strategy itself.
+      with tf.device(devices[context.replica_id_in_sync_group % len(devices)]):
+        return tf.nest.map_structure(tf.constant, arrays)
+
+    self.arrays = strategy.experimental_distribute_values_from_function(
+        on_replica_device)
+
+  def replica_batch(self, micro_step, arrays):
+    """This replica's (features, labels) of global micro-step `micro_step`, from
+    its copy `arrays` of the data (`self.arrays`, passed through strategy.run);
+    call in a replica context."""
+    replica = tf.cast(
+        tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+    first = (tf.cast(micro_step, tf.int64) * self._order.global_batch_size
+             + replica * self._per_replica)
+    index = example_indices(tf.range(first, first + self._per_replica),
+                            num_examples=self._num_examples, order=self._order)
+    features, labels = tf.nest.map_structure(lambda a: tf.gather(a, index), arrays)
+    return self._preprocess(features), labels
+
+
+def check_arrays(value, *, what: str) -> ArrayData:
+  """`(features, labels)` arrays (or nests of arrays) as ArrayData.
+
+  Raises:
+    DataError: not a pair of arrays, a scalar, non-numeric values, unequal
+      example counts, or no examples.
+  """
+  if not (isinstance(value, (tuple, list)) and len(value) == 2):
+    raise DataError(f"{what}: must return (features, labels) arrays or a "
+                    f"tf.data.Dataset, got {type(value).__name__}")
+  try:
+    features, labels = tf.nest.map_structure(np.asarray, tuple(value))
+  except (TypeError, ValueError) as e:
+    raise DataError(f"{what}: features and labels must be arrays or dicts of "
+                    f"arrays ({e})") from None
+  leaves = tf.nest.flatten((features, labels))
+  for leaf in leaves:
+    if leaf.ndim == 0:
+      raise DataError(f"{what}: every array needs a leading example dimension, got "
+                      "a scalar")
+    if not (np.issubdtype(leaf.dtype, np.number) or leaf.dtype == np.bool_):
+      raise DataError(f"{what}: arrays must be numeric, got dtype {leaf.dtype}")
+  sizes = sorted({len(leaf) for leaf in leaves})
+  if len(sizes) > 1:
+    raise DataError(f"{what}: features and labels have different numbers of "
+                    f"examples ({', '.join(map(str, sizes))})")
+  if sizes[0] == 0:
+    raise DataError(f"{what}: no examples")
+  return ArrayData(features, labels, what=what)

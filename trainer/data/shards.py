@@ -1,0 +1,168 @@
+"""What one input pipeline reads of a set of TFRecord files, in (seed, step) order.
+
+With at least as many files as pipelines, pipeline p of P reads files p, p+P, ...
+(file-level sharding); with fewer, it reads every file and keeps every P-th record
+(record-level sharding).
+
+In epoch e a pipeline reads its files in an order permuted by (seed, e), in blocks
+of `files_per_block` files. A block's records are interleaved from its files and
+shuffled in a buffer seeded by (seed, pipeline, e, block), so the buffer never
+carries records across blocks. Given the records of each file, the position of
+step s (s x the pipeline's batch) falls in a known epoch and block: a resume
+starts reading at that block and skips only the records of that block already
+trained on. Its cost is at most one block, at any step. (Record-level sharding has
+one block per epoch.)
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from trainer.data.base import Order
+from trainer.errors import DataError
+
+_ENDLESS = 2**62
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """The records one input pipeline reads.
+
+  Attributes:
+    paths: every file of the set, sorted.
+    counts: the records of each file.
+    files: indices (into `paths`) of the files this pipeline reads.
+    pipeline_id: this input pipeline's index.
+    num_pipelines: the number of input pipelines (one per worker).
+    files_per_block: files interleaved and shuffled together.
+    flag: what names the files in errors, e.g. "--train_files".
+  """
+  paths: tuple
+  counts: tuple
+  files: tuple
+  pipeline_id: int
+  num_pipelines: int
+  files_per_block: int
+  flag: str
+
+  @classmethod
+  def of(cls, *, paths, counts, num_pipelines: int, pipeline_id: int,
+         files_per_block: int, flag: str) -> "Shard":
+    """Pipeline `pipeline_id` of `num_pipelines`'s part of the files."""
+    n = len(paths)
+    files = tuple(range(pipeline_id, n, num_pipelines) if n >= num_pipelines
+                  else range(n))
+    return cls(tuple(paths), tuple(counts), files, pipeline_id, num_pipelines,
+               files_per_block, flag)
+
+  @property
+  def record_level(self) -> bool:
+    """Every pipeline reads every file and keeps every num_pipelines-th record."""
+    return len(self.paths) < self.num_pipelines
+
+  @property
+  def block_size(self) -> int:
+    """Files per block (all of them under record-level sharding)."""
+    if self.record_level:
+      return len(self.files)
+    return min(self.files_per_block, len(self.files))
+
+  def _kept(self, total: int) -> int:
+    """Records this pipeline keeps of `total` read."""
+    if not self.record_level:
+      return total
+    p, shards = self.pipeline_id, self.num_pipelines
+    return (total - p + shards - 1) // shards if total > p else 0
+
+  @property
+  def num_examples(self) -> int:
+    return self._kept(sum(self.counts[i] for i in self.files))
+
+  def file_order(self, order: Order, epoch):
+    """Positions in `files` in epoch `epoch`'s order (int64 tensor)."""
+    positions = tf.range(len(self.files), dtype=tf.int64)
+    if not order.shuffle or len(self.files) < 2:
+      return positions
+    seeds = tf.stack([tf.constant(order.seed, tf.int64), tf.cast(epoch, tf.int64)])
+    return tf.random.experimental.index_shuffle(positions, seeds,
+                                                len(self.files) - 1)
+
+  def start(self, position: int, order: Order) -> tuple:
+    """(epoch, block, records of the block to skip) at stream `position`."""
+    if self.num_examples == 0:
+      raise DataError(f"{self.flag}: input pipeline {self.pipeline_id} gets no "
+                      "records; write more (or larger) shards")
+    epoch, within = divmod(position, self.num_examples)
+    if self.record_level:
+      return epoch, 0, within
+    ordered = self.file_order(order, epoch).numpy()
+    counts = [self.counts[self.files[i]] for i in ordered]
+    k = self.block_size
+    for block in range(-(-len(counts) // k)):
+      size = sum(counts[block * k:(block + 1) * k])
+      if within < size:
+        return epoch, block, within
+      within -= size
+    raise AssertionError("position within the epoch is past its records")
+
+  def block_files(self, epoch: int, block: int, order: Order) -> list:
+    """Paths of the files of block `block` of epoch `epoch`."""
+    k = self.block_size
+    ordered = self.file_order(order, epoch).numpy()[block * k:(block + 1) * k]
+    return [self.paths[self.files[i]] for i in ordered]
+
+  def files_read(self, position: int, records: int, order: Order) -> list:
+    """The files of every block the stream reads from `position` over `records`
+    records, and of the block after (prefetched): where a bad record met in a
+    loop call can be. At most every file of the pipeline, each once."""
+    paths, end = [], position + records
+    while True:
+      epoch, block, skip = self.start(position, order)
+      block_paths = self.block_files(epoch, block, order)
+      paths += [p for p in block_paths if p not in paths]
+      if position > end or len(paths) >= len(self.files):
+        return paths
+      position += self._kept(sum(self.counts[self.paths.index(p)]
+                                 for p in block_paths)) - skip
+
+  def _block(self, paths, block_seed, *, shuffle: bool, buffer: int):
+    """One block's serialized records: interleaved, sharded, shuffled."""
+    dataset = tf.data.Dataset.from_tensor_slices(paths).interleave(
+        tf.data.TFRecordDataset, cycle_length=self.block_size, block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if self.record_level:
+      dataset = dataset.shard(self.num_pipelines, self.pipeline_id)
+    if shuffle:
+      # A tensor seed: tf.data pairs it with the graph-level seed, which must then
+      # not be 0 (get_seed compares the pair to (0, 0) in Python). This sets it
+      # in the function being traced only; the order depends on block_seed alone.
+      tf.compat.v1.set_random_seed(1)
+      dataset = dataset.shuffle(buffer, seed=block_seed)
+    return dataset
+
+  def train_stream(self, order: Order, *, position: int) -> tf.data.Dataset:
+    """The endless stream of serialized records from `position` on."""
+    paths = tf.constant([self.paths[i] for i in self.files])
+    k, num_blocks = self.block_size, -(-len(self.files) // self.block_size)
+
+    def epoch_records(epoch, first_block=0):
+      ordered = tf.gather(paths, self.file_order(order, epoch))
+
+      def block_records(block):
+        # Wrapping int64 arithmetic: a seed per (seed, pipeline, epoch, block).
+        block_seed = ((tf.constant(order.seed, tf.int64) * 1_000_003 +
+                       self.pipeline_id) * 1_000_003 + epoch) * 1_000_003 + block
+        return self._block(ordered[block * k:(block + 1) * k], block_seed,
+                           shuffle=order.shuffle, buffer=order.buffer)
+
+      return tf.data.Dataset.range(first_block, num_blocks).flat_map(block_records)
+
+    epoch, block, skip = self.start(position, order)
+    stream = epoch_records(tf.constant(epoch, tf.int64), block).skip(skip)
+    return stream.concatenate(
+        tf.data.Dataset.range(epoch + 1, _ENDLESS).flat_map(epoch_records))
+
+  def eval_stream(self) -> tf.data.Dataset:
+    """Every serialized record of this pipeline once, in file order."""
+    return self._block([self.paths[i] for i in self.files], None, shuffle=False,
+                       buffer=1)

@@ -1,0 +1,303 @@
+"""Streamed data: a task's tf.data.Dataset, or a function building one input
+pipeline's dataset; and the one stream and eval-padding path they share with
+TFRecord files.
+
+A stream is shuffled with a seeded buffer, repeated and batched, so its order is a
+function of the seed (given a dataset that is itself deterministic); a resume at
+step `s` skips the examples of the first `s` batches, which reads them again (a
+cost proportional to `s`).
+
+A single dataset (`StreamData`) is batched to global batches that
+`experimental_distribute_dataset` splits over the replicas. A pipeline function
+(`PipelineData`) and TFRecord files build one dataset per input pipeline (one per
+worker), given its `tf.distribute.InputContext`, through
+`distribute_datasets_from_function`: each worker reads only its own part, and each
+of its replicas takes one per-replica batch per step.
+
+Evaluation reads every example once and pads with weight-0 copies of a real
+example to whole batches; per-pipeline data pads every pipeline to the same number
+of batches, so every worker runs the same number of eval steps.
+"""
+
+import dataclasses
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from trainer.data import base
+from trainer.errors import DataError
+
+OFF = tf.data.experimental.AutoShardPolicy.OFF
+
+
+def stream_batches(dataset: tf.data.Dataset, order: base.Order, *, shuffle_seed: int,
+                   batch_size: int, position: int) -> tf.data.Dataset:
+  """The endless batches of a stream of examples, from example `position` on."""
+  if order.shuffle:
+    dataset = dataset.shuffle(order.buffer, seed=shuffle_seed,
+                              reshuffle_each_iteration=True)
+  return dataset.repeat().skip(position).batch(batch_size, drop_remainder=True)
+
+
+def pipeline_seed(order: base.Order, pipeline_id: int) -> int:
+  """The shuffle seed of one input pipeline's stream."""
+  return order.seed * 1_000_003 + pipeline_id
+
+
+def padded(dataset: tf.data.Dataset, *, padding: int) -> tf.data.Dataset:
+  """(features, labels, weight) elements: `dataset`'s with weight 1, then
+  `padding` weight-0 copies of its first element (zeros if it has none)."""
+  spec = dataset.element_spec
+  source = dataset.take(1)
+  if all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+    source = source.concatenate(tf.data.Dataset.from_tensors(
+        tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec))).take(1)
+  real = dataset.map(lambda f, y: (f, y, tf.constant(1.0)))
+  # cache(): the padding element is read once, not `padding` times.
+  pad = source.cache().map(lambda f, y: (f, y, tf.constant(0.0))).repeat(padding)
+  return real.concatenate(pad)
+
+
+def max_over_workers(strategy, cluster, value: int) -> int:
+  """The largest of every worker's `value` (a collective under multi-worker)."""
+  if cluster.num_pipelines == 1:
+    return value
+  # Each worker's value at its pipeline's index, from each of its replicas,
+  # summed: collectives sum.
+  mine = tf.one_hot(cluster.pipeline_id, cluster.num_pipelines) * float(value)
+  total = tf.function(lambda: strategy.reduce(
+      tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)),
+      axis=None))()
+  return int(round(float(tf.reduce_max(total)) / cluster.local_replicas))
+
+
+class PerPipeline(base.TaskData):
+  """Data that each input pipeline (worker) reads its own part of. Subclasses say
+  how one pipeline streams batches and reads its eval part."""
+
+  per_pipeline = True
+
+  def pipeline_batches(self, context: tf.distribute.InputContext, order: base.Order,
+                       *, batch_size: int, position: int) -> tf.data.Dataset:
+    """Pipeline `context.input_pipeline_id`'s endless batches of stored features,
+    from its example `position` on."""
+    raise NotImplementedError
+
+  def pipeline_examples(self, context: tf.distribute.InputContext
+                        ) -> tf.data.Dataset:
+    """Pipeline `context.input_pipeline_id`'s part of an eval split, once."""
+    raise NotImplementedError
+
+  def train_input(self, strategy, cluster, order, *, start_step, preprocess):
+    del cluster
+
+    def build(context):
+      per_replica = context.get_per_replica_batch_size(order.global_batch_size)
+      local = context.num_replicas_in_sync // context.num_input_pipelines
+      batches = self.pipeline_batches(context, order, batch_size=per_replica,
+                                      position=start_step * local * per_replica)
+      # A plain map: a parallel one after the batch is rewritten under
+      # multi-worker with an error line on stderr, and batches are cheap to
+      # preprocess.
+      dataset = batches.map(lambda features, labels: (preprocess(features), labels))
+      return dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options(OFF))
+
+    return strategy.distribute_datasets_from_function(build, base.input_options())
+
+  def eval_input(self, strategy, cluster, *, global_batch_size, preprocess):
+    per_replica = -(-global_batch_size // cluster.num_replicas)
+    per_step = cluster.local_replicas * per_replica
+    mine = self.count(cluster)
+    num_batches = max(1, -(-max_over_workers(strategy, cluster, mine) // per_step))
+
+    def build(context):
+      dataset = padded(self.pipeline_examples(context),
+                       padding=num_batches * per_step - mine)
+      dataset = dataset.batch(per_replica, drop_remainder=True).map(
+          lambda f, y, w: (preprocess(f), y, w))
+      return dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options(OFF))
+
+    return (strategy.distribute_datasets_from_function(build, base.input_options()),
+            num_batches)
+
+  def host_batches(self, order, *, num_replicas, start_step, count):
+    # One pipeline's consecutive per-replica batches, replica 0 first, make a step.
+    batches = self.pipeline_batches(
+        tf.distribute.InputContext(1, 0, num_replicas), order,
+        batch_size=order.global_batch_size,
+        position=start_step * order.global_batch_size)
+    return list(batches.take(count))
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamData(base.TaskData):
+  """An unbatched tf.data.Dataset of (features, labels) elements.
+
+  Attributes:
+    dataset: the dataset.
+    num_examples: its length, when counted (eval splits are counted once).
+    what: where it came from, for errors.
+  """
+  dataset: tf.data.Dataset
+  num_examples: Optional[int] = None
+  what: str = "the dataset"
+
+  @property
+  def element_spec(self):
+    return self.dataset.element_spec
+
+  def first(self, count: int):
+    return next(iter(self.dataset.batch(count).take(1)))
+
+  def count(self, cluster) -> int:
+    del cluster
+    return self.num_examples
+
+  def _batches(self, order: base.Order, *, start_step: int) -> tf.data.Dataset:
+    return stream_batches(self.dataset, order, shuffle_seed=order.seed,
+                          batch_size=order.global_batch_size,
+                          position=start_step * order.global_batch_size)
+
+  def train_input(self, strategy, cluster, order, *, start_step, preprocess):
+    del cluster
+    dataset = self._batches(order, start_step=start_step).map(
+        lambda features, labels: (preprocess(features), labels),
+        num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options())
+    return base.distribute(strategy, dataset)
+
+  def eval_input(self, strategy, cluster, *, global_batch_size, preprocess):
+    del cluster
+    n = self.num_examples
+    num_batches = -(-n // global_batch_size)
+    dataset = padded(self.dataset, padding=num_batches * global_batch_size - n)
+    dataset = dataset.batch(global_batch_size, drop_remainder=True).map(
+        lambda f, y, w: (preprocess(f), y, w), num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options())
+    return base.distribute(strategy, dataset), num_batches
+
+  def host_batches(self, order, *, num_replicas, start_step, count):
+    del num_replicas  # Global batches split in replica order, as distributed.
+    return list(self._batches(order, start_step=start_step).take(count))
+
+
+@dataclasses.dataclass
+class PipelineData(PerPipeline):
+  """A task's function that builds one input pipeline's data.
+
+  Attributes:
+    build: `input_context -> tf.data.Dataset` of unbatched (features, labels)
+      elements: the part of the data that input pipeline
+      `input_context.input_pipeline_id` of `input_context.num_input_pipelines`
+      reads (e.g. its own files). The framework shuffles (a buffer seeded by
+      --seed and the pipeline), repeats, batches and, on resume, skips the
+      batches already trained on (which reads them again).
+    what: where it came from, for errors.
+  """
+  build: Callable
+  what: str = "the pipeline function"
+  _counts: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def element_spec(self):
+    return self.build(tf.distribute.InputContext()).element_spec
+
+  def first(self, count: int):
+    return next(iter(self.build(tf.distribute.InputContext()).batch(count).take(1)))
+
+  def describe(self, cluster) -> str:
+    return (f"input pipeline {cluster.pipeline_id} of {cluster.num_pipelines}: the "
+            "task's pipeline function")
+
+  def count(self, cluster) -> int:
+    """Examples of this worker's pipeline (an eval split), counted once per layout."""
+    key = (cluster.num_pipelines, cluster.pipeline_id)
+    if key not in self._counts:
+      self._counts[key] = base.count_elements(self.build(tf.distribute.InputContext(
+          cluster.num_pipelines, cluster.pipeline_id, cluster.num_replicas)))
+    return self._counts[key]
+
+  def pipeline_batches(self, context, order, *, batch_size, position):
+    return stream_batches(self.build(context), order,
+                          shuffle_seed=pipeline_seed(order, context.input_pipeline_id),
+                          batch_size=batch_size, position=position)
+
+  def pipeline_examples(self, context):
+    return self.build(context)
+
+
+_BATCHING = ("BatchDataset", "PaddedBatchDataset", "ParallelBatchDataset",
+             "DenseToRaggedBatchDataset", "BucketBySequenceLengthDataset")
+
+
+def is_batched(dataset: tf.data.Dataset) -> bool:
+  """Whether `dataset` batches its elements (a batch() not undone by unbatch()),
+  from the chain of datasets it was built from."""
+  pending = [dataset]
+  while pending:
+    current = pending.pop()
+    kind = type(current).__name__.lstrip("_")
+    if kind == "UnbatchDataset":
+      continue
+    if kind in _BATCHING:
+      return True
+    # tf.data keeps the datasets a dataset was built from as these attributes.
+    pending += [d for d in [getattr(current, "_input_dataset", None),
+                            getattr(current, "_dataset_to_concatenate", None),
+                            *getattr(current, "_datasets", ())]
+                if isinstance(d, tf.data.Dataset)]
+  return False
+
+
+def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool,
+                  name: str = "the dataset", kind: str = "a tf.data.Dataset"):
+  """Checks a task's dataset of (features, labels) elements.
+
+  Raises:
+    DataError: its elements are not pairs, it batches them, it has none, or
+      (`finite`: an eval split) it is infinite.
+  """
+  spec = dataset.element_spec
+  if not (isinstance(spec, tuple) and len(spec) == 2):
+    raise DataError(f"{what}: {kind} must yield (features, labels) pairs, got "
+                    f"elements {spec}")
+  if is_batched(dataset):
+    raise DataError(
+        f"{what}: {name} yields batches (it calls batch(); elements {spec}), but "
+        "the framework batches the data itself: return it unbatched, e.g. "
+        "timeseries_dataset_from_array(..., batch_size=None) or dataset.unbatch()")
+  if not any(True for _ in dataset.take(1)):
+    raise DataError(f"{what}: {name} yields no elements")
+  if finite and int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+    raise DataError(f"{what}: {name} is infinite; evaluation needs a finite split")
+
+
+def check_stream(value: tf.data.Dataset, *, what: str, finite: bool) -> StreamData:
+  """A task's tf.data.Dataset as StreamData (an eval split counted now, once)."""
+  check_dataset(value, what=what, finite=finite)
+  if not finite:
+    return StreamData(value, what=what)
+  cardinality = int(value.cardinality())
+  if cardinality < 0:  # Unknown: count it.
+    cardinality = base.count_elements(value)
+  return StreamData(value, num_examples=cardinality, what=what)
+
+
+def check_pipeline(build: Callable, *, what: str, finite: bool) -> PipelineData:
+  """A task's pipeline function as PipelineData, checked on a one-pipeline context.
+
+  Raises:
+    DataError: it does not return a dataset of (features, labels) pairs with
+      elements, or (an eval split) it is infinite or has unknown shapes.
+  """
+  dataset = build(tf.distribute.InputContext())
+  if not isinstance(dataset, tf.data.Dataset):
+    raise DataError(f"{what}: the pipeline function must return a tf.data.Dataset, "
+                    f"got {type(dataset).__name__}")
+  check_dataset(dataset, what=what, finite=finite, name="the pipeline's dataset",
+                kind="the pipeline's dataset")
+  spec = dataset.element_spec
+  if finite and not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+    raise DataError(f"{what}: eval elements need known shapes (padding copies "
+                    f"them), got {spec}")
+  return PipelineData(build, what=what)

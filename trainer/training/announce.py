@@ -1,0 +1,64 @@
+"""What a run says as it starts: where it is, on what, and what it ignores."""
+
+from trainer.training.record import RunRecord
+
+
+def start_line(*, model_dir: str, task: str, trainer, restored, previous: RunRecord,
+               multiplier: float, rollbacks: int) -> str:
+  """`model_dir D: task T, starting at step 0, 2 replica(s) x 32 examples = global
+  batch 64`, or the resume's version, with the learning rate when it changed."""
+  elastic = restored is not None and elastic_line(trainer, previous)
+  line = (f"model_dir {model_dir}: task {task}, "
+          + (f"at step {restored}, {elastic}" if elastic else
+             f"resuming at step {restored}, " if restored is not None
+             else "starting at step 0, ")
+          + ("" if elastic else
+             f"{trainer.num_replicas} replica(s) x {trainer.per_replica_batch_size} "
+             f"examples = global batch {trainer.global_batch_size}"))
+  rate, was = trainer.base_learning_rate, previous.base_learning_rate
+  if restored is not None and rate is not None and was is not None and was != rate:
+    line += f", learning rate {rate:g} (was {was:g})"
+  if multiplier != 1.0 and rate is not None:
+    line += f", learning rate x{multiplier:g} after {rollbacks} rollback(s)"
+  return line
+
+
+def elastic_line(trainer, previous: RunRecord):
+  """"resuming on 4 replicas (was 2), global batch 64 unchanged" after an elastic
+  resume; None when the replicas and workers are those of the run."""
+  was = (previous.num_replicas, previous.num_workers or 1)
+  now = (trainer.num_replicas, trainer.cluster.num_workers)
+  if was[0] is None or was == now:
+    return None
+
+  def where(replicas, workers):
+    return f"{replicas} replicas" + (f" on {workers} workers" if workers > 1 else "")
+
+  before = was[0] if was[1] == now[1] else where(*was)  # "(was 2)" if only replicas.
+  return (f"resuming on {where(*now)} (was {before}), global batch "
+          f"{trainer.global_batch_size} unchanged ({trainer.per_replica_batch_size} "
+          "per replica)")
+
+
+def notes(config, *, built, restored, previous: RunRecord) -> list:
+  """The lines on what this invocation reads or ignores: every worker's input line
+  first, then the chief's notes."""
+  cluster = built.cluster
+  lines = []
+  if restored is not None and previous.input_pipelines not in (
+      None, cluster.num_pipelines):
+    lines.append(f"note: the run read its data through {previous.input_pipelines} "
+                 f"input pipeline(s), now {cluster.num_pipelines}: each worker reads "
+                 "other files, so the examples from here on are not those an "
+                 "uninterrupted run would have read")
+  if config.init_checkpoint and restored is not None:
+    lines.append(f"note: --init_checkpoint={config.init_checkpoint} is not used: the "
+                 "run resumes from its own checkpoint")
+  if config.strategy == "multi_worker" and config.cpu_devices > 1 and not any(
+      "GPU" in d.upper() for d in cluster.devices):
+    lines.append(f"note: --cpu_devices={config.cpu_devices} is ignored with "
+                 "--strategy=multi_worker on CPUs: each worker runs one replica")
+  if config.eval_every and config.mode == "train":
+    lines.append(f"note: --eval_every={config.eval_every} is ignored with "
+                 "--mode=train: use --mode=train_and_eval to evaluate")
+  return lines

@@ -1,0 +1,116 @@
+"""Opening a trained run: its task, model and weights, from its directory alone.
+
+`open_run` rebuilds a run from MODEL_DIR/flags.txt (or, when that file is damaged,
+from the flags its newest checkpoint records) with this process's device flags,
+and restores a checkpoint: the latest, the best, or the newest before a step. It
+is shared by `--mode=eval`, `python -m trainer.replay` and `trainer.load`, and
+opens the directory read-only: it never renames, rewrites or saves anything
+there, so it can watch a live run.
+"""
+
+import os
+from typing import Optional
+
+from trainer import config as config_lib
+from trainer.config import DistributeConfig
+from trainer.errors import ConfigError, ModelDirError
+from trainer.outputs import run_dir
+from trainer.tasks import Task
+from trainer.training import checkpoint_files, setup
+from trainer.training.setup import Built
+
+# This process's own: where it runs and what it prints, never the run's.
+DEVICE_FIELDS = tuple(f for f in DistributeConfig.__dataclass_fields__) + (
+    "summaries",)
+
+
+def run_config(model_dir: str, *, say=print) -> config_lib.Config:
+  """The configuration the run in `model_dir` trained with.
+
+  From its flags.txt; when that file cannot be parsed (a truncated write), from
+  the flags its newest checkpoint records, saying so.
+
+  Raises:
+    ModelDirError: not a trainer run, or no readable flags.
+  """
+  flags_path = os.path.join(model_dir, run_dir.FLAGS_FILE)
+  if not os.path.isfile(flags_path):
+    raise ModelDirError(f"--model_dir={model_dir}: no {run_dir.FLAGS_FILE}, not a "
+                        "trainer run")
+  try:
+    return config_lib.load_flagfile(flags_path)
+  except ConfigError as e:
+    recorded = _recorded_flags(model_dir)
+    if recorded is None:
+      raise
+    say(f"note: {flags_path} does not parse ({e}); using the flags its newest "
+        "checkpoint recorded")
+    return config_lib.from_argv(recorded)
+
+
+def _recorded_flags(model_dir: str) -> Optional[list]:
+  """The flag lines the newest checkpoint's record holds, or None."""
+  directory = os.path.join(model_dir, checkpoint_files.CHECKPOINT_SUBDIR)
+  for step in reversed(checkpoint_files.checkpoint_steps(directory)):
+    try:
+      record = checkpoint_files.read_record(checkpoint_files.path_of(directory, step))
+    except Exception:  # noqa: BLE001 (an unreadable checkpoint: try the previous)
+      continue
+    if record.flags:
+      return list(record.flags)
+  return None
+
+
+def open_run(model_dir: str, *, invocation: config_lib.Config = None,
+             task: Task = None, mode: str = "eval", **changes) -> Built:
+  """Builds the run in `model_dir` read-only, nothing restored yet.
+
+  Args:
+    model_dir: the run directory.
+    invocation: this process's config: its device flags replace the run's.
+    task: the run's task instance (a Python caller's); default: built from the
+      run's flags.
+    mode: the mode to build for ("eval": no training input; "train": a replay).
+    **changes: more config fields to replace (e.g. a replay's global batch).
+
+  Raises:
+    TrainerError: not a run, bad flags, or devices that do not fit.
+  """
+  config = run_config(model_dir)
+  devices = {name: getattr(invocation, name) for name in DEVICE_FIELDS} if (
+      invocation is not None) else {}
+  config = config.replace(model_dir=model_dir, mode=mode, **devices, **changes)
+  config, task = setup.resolve_task(config, task)
+  return setup.build(config, task, read_only=True)
+
+
+def load(model_dir: str, *, best: bool = False) -> tuple:
+  """`trainer.load`: the task and model of a trained run, for prediction.
+
+  The model holds the latest checkpoint's weights (with `best`, the best
+  evaluation's), as evaluations and the export use them (the moving averages
+  with --ema_decay and --eval_with_ema). It is built on one device.
+
+  Example:
+    >>> task, model = trainer.load("runs/q1")  # doctest: +SKIP
+    >>> logits = model(task.preprocess(images))  # doctest: +SKIP
+
+  Returns:
+    (task, keras model).
+
+  Raises:
+    ModelDirError: not a run, or no checkpoint (or no best one) to load.
+  """
+  built = open_run(model_dir, invocation=config_lib.Config(strategy="one_device",
+                                                           summaries=False))
+  trainer, checkpoints = built.trainer, built.checkpoints
+  if checkpoints.restore() is None:
+    raise ModelDirError(f"{model_dir}: no checkpoint to load")
+  if best:
+    path = checkpoints.best_path()
+    if path is None:
+      raise ModelDirError(f"{model_dir}: no best checkpoint (it is kept by "
+                          "--mode=train_and_eval runs)")
+    trainer.read_weights(path)
+  trainer.use_evaluated_weights()
+  return built.task, trainer.model

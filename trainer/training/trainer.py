@@ -1,0 +1,346 @@
+"""The trainer: the model, optimizer, global step, update rule, ledgers, totals and
+compiled loops of one run, built under the strategy before the first step."""
+
+import contextlib
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer.config import OptimizationConfig
+from trainer.data import Order, TaskData
+from trainer.distribute.cluster import Cluster
+from trainer.errors import TaskError, user_code
+from trainer.tasks import Task
+from trainer.tasks.base import METRIC_NAME
+from trainer.training import ledger, optimizers, steps
+from trainer.training.checkpoint_files import model_variables, rng_states
+
+_RESERVED = ("loss", "examples")
+
+
+@dataclasses.dataclass
+class Trainer:
+  """What trains: built by `Trainer.build`, restored by `Checkpoints`.
+
+  Attributes:
+    task: the task.
+    strategy: the strategy the variables live under.
+    cluster: this process's place in the run.
+    model: the task's Keras model.
+    optimizer: its optimizer, built before the first step.
+    global_step: the int64 step variable (not optimizer.iterations: loss scaling
+      skips updates).
+    rule: accumulation, clipping, the learning-rate schedule and EMA.
+    eval_with_ema: evaluate and export the moving averages (--eval_with_ema).
+    metric_names: the task's per-example metrics, in the order it returns them.
+    reported_metrics: "loss" and what Task.finalize_metrics reports.
+    base_learning_rate: the optimizer's rate as built (None: the task's schedule).
+    per_replica_batch_size: examples per replica per (micro-)step.
+    order: the training data's order (seed, shuffle, buffer, global batch).
+    train_ledger, eval_ledger: batches and examples per replica.
+    train_totals, eval_totals: a loop call's summed loss and metrics.
+    train_loop: `(iterator, num_steps) -> outputs` (steps.make_train_loop).
+    diagnose_step: one train step with its gradients (divergence.py).
+    eval_loop: `(iterator, num_steps)`.
+    gather: data.GatherInput when the replicas gather arrays in-graph (the loops
+      then take no iterator), else None.
+  """
+  task: Task
+  strategy: tf.distribute.Strategy
+  cluster: Cluster
+  model: keras.Model
+  optimizer: keras.optimizers.Optimizer
+  global_step: tf.Variable
+  rule: steps.UpdateRule
+  eval_with_ema: bool
+  metric_names: tuple
+  reported_metrics: tuple
+  base_learning_rate: object
+  per_replica_batch_size: int
+  order: Order
+  train_ledger: ledger.ReplicaLedger
+  eval_ledger: ledger.ReplicaLedger
+  train_totals: ledger.Totals
+  eval_totals: ledger.Totals
+  train_loop: object
+  diagnose_step: object
+  eval_loop: object
+  gather: object
+  _stop_vote: object
+
+  @classmethod
+  def build(cls, *, task: Task, strategy, cluster: Cluster, train_data: TaskData,
+            optimization: OptimizationConfig, order: Order,
+            per_replica_batch_size: int, seed: int, train_steps: int,
+            gather: bool) -> "Trainer":
+    """Builds the model, optimizer (built in scope, before any step), step and
+    loops.
+
+    Args:
+      task: the task (prepared).
+      strategy: the strategy to build under.
+      cluster: this process's place in the run.
+      train_data: the task's checked training data (probed for the model).
+      optimization: the OptimizationConfig.
+      order: the training data's order.
+      per_replica_batch_size: examples per replica per (micro-)step.
+      seed: Keras' seed before build_model.
+      train_steps: --train_steps (where the schedule's decay ends by default).
+      gather: gather arrays in-graph when they allow it (--array_input=gather).
+
+    Raises:
+      TaskError: the task's model, loss or metrics do not fit the framework.
+    """
+    num_replicas = strategy.num_replicas_in_sync
+    previous_policy = keras.mixed_precision.global_policy()
+    if optimization.mixed_precision != "none":
+      keras.mixed_precision.set_global_policy(optimization.mixed_precision)
+    try:
+      with strategy.scope():
+        keras.utils.set_random_seed(seed)
+        with user_code("Task.build_model"):
+          model = task.build_model()
+        if not isinstance(model, keras.Model):
+          raise TaskError(f"Task.build_model() must return a keras.Model, got "
+                          f"{type(model).__name__}")
+        metric_names, reported = _probe(task, model, train_data,
+                                        min(per_replica_batch_size, 8))
+        with user_code("Task.build_optimizer"):
+          optimizer = optimizers.build_optimizer(optimization, task)
+        optimizer.build(model.trainable_variables)
+        rule = optimizers.update_rule(optimization, model=model, optimizer=optimizer,
+                                      train_steps=train_steps)
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                  name="global_step",
+                                  aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        ledgers = [ledger.ReplicaLedger(num_replicas=num_replicas, name=name)
+                   for name in ("train", "eval")]
+        totals = [ledger.Totals("loss", "examples", *metric_names) for _ in "te"]
+    finally:
+      keras.mixed_precision.set_global_policy(previous_policy)
+    gather_input = train_data.gather_input(
+        strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,
+        preprocess=task.preprocess) if gather else None
+    train_loop, diagnose_step = steps.make_train_loop(
+        strategy=strategy, task=task, model=model, optimizer=optimizer,
+        global_step=global_step, ledger=ledgers[0], totals=totals[0],
+        per_replica_batch_size=per_replica_batch_size,
+        global_batch_size=order.global_batch_size,
+        jit_compile=optimization.jit_compile, rule=rule, gather=gather_input)
+    eval_loop = steps.make_eval_loop(
+        strategy=strategy, task=task, model=model, ledger=ledgers[1],
+        totals=totals[1], per_replica_batch_size=per_replica_batch_size)
+    return cls(task=task, strategy=strategy, cluster=cluster, model=model,
+               optimizer=optimizer, global_step=global_step, rule=rule,
+               eval_with_ema=optimization.eval_with_ema, metric_names=metric_names,
+               reported_metrics=reported,
+               base_learning_rate=optimizers.learning_rate(optimizer),
+               per_replica_batch_size=per_replica_batch_size, order=order,
+               train_ledger=ledgers[0], eval_ledger=ledgers[1],
+               train_totals=totals[0], eval_totals=totals[1], train_loop=train_loop,
+               diagnose_step=diagnose_step, eval_loop=eval_loop, gather=gather_input,
+               _stop_vote=steps.make_stop_vote(strategy))
+
+  @property
+  def step(self) -> int:
+    return int(self.global_step.numpy())
+
+  @property
+  def num_replicas(self) -> int:
+    return self.strategy.num_replicas_in_sync
+
+  @property
+  def global_batch_size(self) -> int:
+    return self.order.global_batch_size
+
+  @property
+  def accum_steps(self) -> int:
+    return self.rule.accum_steps
+
+  def stop_vote(self, code: int) -> int:
+    """The largest of every worker's `code` (a collective under multi-worker):
+    every worker agrees on whether (and why) to stop."""
+    return self._stop_vote(int(code))
+
+  def checkpoint_objects(self) -> tuple:
+    """({name: trackable} every checkpoint must hold, {name: trackable} a
+    checkpoint of an earlier version may lack)."""
+    core = dict(model=model_variables(self.model), optimizer=self.optimizer,
+                global_step=self.global_step, rng=rng_states(self.model))
+    with user_code("Task.checkpoint_items"):
+      items = self.task.checkpoint_items()
+    extra = {f"task_{k}": v for k, v in items.items()}
+    if self.rule.ema_variables:
+      extra["ema"] = list(self.rule.ema_variables)
+    return core, extra
+
+  def set_peak_rate(self, value: float):
+    """Sets the rate the schedule scales (the flag's times the rollbacks')."""
+    if self.rule.rate_base is not None:
+      self.rule.rate_base.assign(value)
+
+  def reset_averages(self):
+    """Starts the moving averages from the current weights."""
+    for average, variable in zip(self.rule.ema_variables,
+                                 self.model.trainable_variables):
+      average.assign(variable)
+
+  @contextlib.contextmanager
+  def evaluated_weights(self):
+    """The weights to evaluate and export: the moving averages with --ema_decay and
+    --eval_with_ema (swapped in for the block, then the raw weights back)."""
+    if not (self.rule.ema_variables and self.eval_with_ema):
+      yield
+      return
+    variables = self.model.trainable_variables
+    with _values_kept(variables):
+      for variable, average in zip(variables, self.rule.ema_variables):
+        variable.assign(average)
+      yield
+
+  def _weight_groups(self) -> dict:
+    groups = {"model": model_variables(self.model)}
+    if self.rule.ema_variables:
+      groups["ema"] = list(self.rule.ema_variables)
+    return groups
+
+  def read_weights(self, path: str):
+    """Sets the model's (and averages') weights to the checkpoint's at `path`."""
+    tf.train.Checkpoint(**self._weight_groups()).read(path).expect_partial()
+
+  @contextlib.contextmanager
+  def best_weights(self, path: str):
+    """The model's (and averages') weights of the best checkpoint at `path`, for
+    the block; the current ones back afterwards."""
+    with _values_kept([v for group in self._weight_groups().values() for v in group]):
+      self.read_weights(path)
+      yield
+
+  def use_evaluated_weights(self):
+    """Makes the evaluated weights (see `evaluated_weights`) the model's own."""
+    if self.rule.ema_variables and self.eval_with_ema:
+      for variable, average in zip(self.model.trainable_variables,
+                                   self.rule.ema_variables):
+        variable.assign(average)
+
+  def train_iterator(self, train_data: TaskData):
+    """The distributed iterator of training batches from the global step; None
+    when the replicas gather their batches in-graph."""
+    if self.gather is not None:
+      return None
+    # Each update reads --grad_accum_steps global batches of the stream.
+    return iter(train_data.train_input(
+        self.strategy, self.cluster, self.order,
+        start_step=self.step * self.accum_steps, preprocess=self.task.preprocess))
+
+  def run_train_loop(self, train_data: TaskData, iterator, num_steps,
+                     *, step: int) -> dict:
+    """One loop call of `num_steps` (a tensor) from `step`; its outputs as numpy.
+
+    Raises:
+      ReplicaBatchError: a replica's batch had the wrong size.
+      DataError: a bad record (TFRecords) stopped the input.
+    """
+    # This worker's stream positions: its share of the global batches.
+    per_step = (self.accum_steps * self.global_batch_size
+                // self.cluster.num_pipelines)
+    outputs = steps.call_checked(
+        self.train_loop, iterator, num_steps,
+        explain_input_error=lambda e: train_data.explain_error(
+            e, self.cluster, split="train", step=step, order=self.order,
+            position=step * per_step, records=int(num_steps) * per_step))
+    return {k: v.numpy() for k, v in outputs.items()}
+
+  def evaluate(self, eval_data: TaskData) -> dict:
+    """Runs the padded eval split through the eval loop, with the evaluated
+    weights.
+
+    Returns:
+      {"loss", each task metric (after `Task.finalize_metrics`), "examples"}:
+      weighted means over the real examples, and their count, which equals the
+      split's size on any replica count.
+
+    Raises:
+      ReplicaBatchError: a replica did not get exactly one full batch per step.
+    """
+    dataset, num_batches = eval_data.eval_input(
+        self.strategy, self.cluster, global_batch_size=self.global_batch_size,
+        preprocess=self.task.preprocess)
+    with self.evaluated_weights():
+      steps.call_checked(self.eval_loop, iter(dataset), tf.constant(num_batches),
+                         explain_input_error=lambda e: eval_data.explain_error(
+                             e, self.cluster, split="eval", step=self.step))
+    self.eval_ledger.check(expected_batches=num_batches,
+                           per_replica_batch_size=self.per_replica_batch_size)
+    totals = self.eval_totals.read()
+    examples = totals.pop("examples")
+    means = self.task.finalize_metrics({k: v / examples for k, v in totals.items()})
+    return dict(means, examples=int(round(examples)))
+
+
+def _probe(task: Task, model, train_data: TaskData, size: int) -> tuple:
+  """Calls the model on a few training examples (building a subclassed model's
+  weights) and checks the task's loss and metrics on them.
+
+  Returns:
+    (the metric names the task computes, the names it reports after
+    `finalize_metrics`, "loss" included).
+
+  Raises:
+    TaskError: the loss or a metric is not one value per example, metrics() is
+      not a dict, or a metric name cannot be a tag.
+  """
+  features, labels = train_data.first(size)
+  with user_code("Task.preprocess"):
+    inputs = task.preprocess(features)
+  with user_code(f"the model's call ({type(model).__name__})"):
+    outputs = steps.float32_outputs(model(inputs, training=False))
+  batch = int(tf.shape(tf.nest.flatten(features)[0])[0])
+  with user_code("Task.metrics"):
+    metrics = task.metrics(labels, outputs)
+  if not isinstance(metrics, dict):
+    raise TaskError(f"Task.metrics() must return a dict of per-example values, got "
+                    f"{type(metrics).__name__}")
+  for name in metrics:
+    if not isinstance(name, str) or name in _RESERVED or not METRIC_NAME.match(name):
+      raise TaskError(f"Task.metrics(): {name!r} cannot be a metric name (use "
+                      "letters, digits, _ . -; not loss or examples)")
+  with user_code("Task.loss"):
+    loss = task.loss(labels, outputs)
+  for name, values in {"loss": loss, **metrics}.items():
+    shape = tuple(tf.convert_to_tensor(values).shape)
+    if shape != (batch,):
+      what = "Task.loss" if name == "loss" else f"Task.metrics()[{name!r}]"
+      raise TaskError(f"{what} must return one value per example, shape ({batch},) "
+                      f"for a batch of {batch}, got shape {shape}")
+  with user_code("Task.finalize_metrics"):
+    reported = task.finalize_metrics({"loss": 1.0, **{name: 1.0 for name in metrics}})
+  return tuple(metrics), tuple(reported)
+
+
+@contextlib.contextmanager
+def _values_kept(variables):
+  """Gives `variables` back the values they have now when the block ends."""
+  kept = [tf.convert_to_tensor(v) for v in variables]  # Eager reads: copies.
+  try:
+    yield
+  finally:
+    for variable, value in zip(variables, kept):
+      variable.assign(value)
+
+
+def ledger_totals(trainer: Trainer) -> tuple:
+  """(batches, examples) per replica over the run, as lists for the record."""
+  return (trainer.train_ledger.total_batches.tolist(),
+          trainer.train_ledger.total_examples.tolist())
+
+
+def set_ledger_totals(trainer: Trainer, batches, examples):
+  """Sets the run's ledger totals (zeros where None)."""
+  zeros = np.zeros(trainer.num_replicas, np.int64)
+  trainer.train_ledger.total_batches = zeros.copy() if batches is None else np.array(
+      batches, np.int64)
+  trainer.train_ledger.total_examples = zeros.copy() if examples is None else (
+      np.array(examples, np.int64))
