@@ -265,3 +265,29 @@ class BatchedSeries(trainer.Task):
 
   def loss(self, labels, outputs):
     return tf.square(outputs[:, 0] - labels)
+
+
+def _fail_at_ten(context):
+  if context.step >= 10:
+    return {}["missing metric"]  # A KeyError in the user's own code.
+  return None
+
+
+@dataclasses.dataclass
+class BrokenAction(Quadratic):
+  """Its action raises at step 10 (after the checkpoint of step 5)."""
+
+  layout_fields = ()
+
+  def actions(self):
+    return [_fail_at_ten]
+
+
+@dataclasses.dataclass
+class BrokenPrepare(Quadratic):
+  """Its prepare() raises."""
+
+  layout_fields = ()
+
+  def prepare(self, context):
+    raise RuntimeError("the vocabulary file is missing")

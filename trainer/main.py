@@ -5,6 +5,7 @@ line on stderr and an exit code (see trainer/errors.py and the README), never a
 traceback.
 """
 
+import os
 import sys
 import traceback
 
@@ -45,7 +46,9 @@ def main(argv):
     results = trainer.train(config)
   except UserCodeError as e:
     # The user's own code raised: its traceback, then the line naming it.
-    traceback.print_exception(e.__cause__, file=sys.stderr)
+    cause = e.__cause__
+    traceback.print_exception(type(cause), cause, _user_frames(cause.__traceback__),
+                              file=sys.stderr)
     _fail(f"error: {e} (the checkpoints written so far are kept)", e.exit_code)
   except TrainerError as e:
     _fail(f"error: {e}", e.exit_code)
@@ -53,6 +56,16 @@ def main(argv):
     sys.exit(int(RunStatus(results.get("status")).exit_code))
   except ValueError:  # A status this version does not know (an older run's).
     sys.exit(int(ExitCode.OK))
+
+
+def _user_frames(tb):
+  """A traceback from its first frame outside the trainer package: where the
+  user's code was called."""
+  package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+  while tb is not None and tb.tb_next is not None and os.path.abspath(
+      tb.tb_frame.f_code.co_filename).startswith(package):
+    tb = tb.tb_next
+  return tb
 
 
 def run():

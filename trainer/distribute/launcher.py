@@ -154,9 +154,9 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
       worker.signal(signal.SIGTERM)
 
   previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-  failed, ended = None, 0
+  failed, ended = None, set()
   try:
-    while ended < len(workers):
+    while len(ended) < len(workers):
       try:
         worker = exits.get(timeout=_POLL_SECONDS)
       except queue.Empty:
@@ -164,9 +164,9 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
         if interrupted and time.monotonic() - interrupted[0] > grace_seconds + 60:
           _kill_running(workers, say, "did not stop after the interrupt")
         continue
-      ended += 1
+      ended.add(worker)
       if not interrupted and worker.process.returncode != 0:
-        failed = worker  # The first to die: the others fail because it did.
+        failed = _first_to_die(worker, workers, ended, exits)
         say(f"{failed.name} (pid {failed.process.pid}) failed: "
             f"{describe_exit(failed.process.returncode)}; stopping the other workers")
         _kill_stopped(workers, say)
@@ -181,6 +181,29 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
       worker.finish_streaming()
   code = (failed or workers[0]).process.returncode
   return shell_code(code)
+
+
+def _first_to_die(failed, workers, ended: set, exits: queue.Queue):
+  """The worker whose death the others' follow from.
+
+  A worker that exits 7 lost a peer: the peer died first, though its exit may be
+  seen later. Every other worker already dead (a zombie, or reaped) is reported
+  in `exits` at once, so those are waited for (and added to `ended`); of the
+  dead, one that did not exit 7 is the cause.
+  """
+  if failed.process.returncode != _HUNG:
+    return failed
+  dead = [w for w in workers if w not in ended and (
+      w.process.returncode is not None or
+      process_state(w.process.pid) in ("Z", None))]
+  while dead:
+    worker = exits.get()  # A dead worker's exit is reported without delay.
+    ended.add(worker)
+    if worker in dead:
+      dead.remove(worker)
+    if worker.process.returncode not in (0, _HUNG):
+      return worker
+  return failed
 
 
 def _stop(workers, grace_seconds, say):

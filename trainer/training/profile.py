@@ -97,6 +97,7 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
   Returns:
     {"steps", "loop_calls", "wall_ms_per_step" (time inside train_loop calls),
     "op_ms_per_step": {category: ms}, "op_share": {category: fraction of op time},
+    "ops_per_step": {category: ops run per step},
     "executor_ms_per_step" (the executor's own time around the ops: dispatch),
     "other_ms_per_step" (the rest of the executor threads' time: under
     --jit_compile, XLA's compiled forward and backward pass),
@@ -126,15 +127,19 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
     return i >= 0 and time_ps < calls[i][0] + calls[i][1]
 
   op_ps = dict.fromkeys(CATEGORIES, 0)
+  op_counts = dict.fromkeys(CATEGORIES, 0)
   executor_ps = other_ps = 0
   for plane in host:
     for name, start, own, line in _self_times(plane):
       if not line.startswith("tf_") or not in_a_call(start):
         continue
       if line.startswith("tf_data"):  # tf.data's threads: its pipeline's ops.
-        op_ps[INPUT_PART] += own if is_op(name) else 0
+        if is_op(name):
+          op_ps[INPUT_PART] += own
+          op_counts[INPUT_PART] += 1
       elif is_op(name):
         op_ps[categorize(name)] += own
+        op_counts[categorize(name)] += 1
       elif name.startswith(EXECUTOR):
         executor_ps += own
       else:
@@ -146,6 +151,8 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
           "wall_ms_per_step": per_step_ms(sum(d for _, d in calls)),
           "op_ms_per_step": {k: per_step_ms(v) for k, v in op_ps.items()},
           "op_share": {k: round(v / total, 4) for k, v in op_ps.items()},
+          # Ops run per step: a part's ops may take less than the times' 0.1 us.
+          "ops_per_step": {k: round(v / steps, 2) for k, v in op_counts.items()},
           "executor_ms_per_step": per_step_ms(executor_ps),
           "other_ms_per_step": per_step_ms(other_ps),
           "host_ms_between_calls": (round(statistics.median(gaps) / 1e9, 4)

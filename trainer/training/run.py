@@ -137,9 +137,11 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
     if vote("the vote on whether the run is finished",
             _finished_before(results.previous, trainer.step, restored,
                              config.train_steps)):
-      console.say(f"model_dir {config.model_dir}: already completed at step "
-                  f"{trainer.step} >= --train_steps={config.train_steps}; nothing "
-                  "to train, nothing changed")
+      ended = results.previous.get("status")
+      console.say(f"model_dir {config.model_dir}: already {ended} at step "
+                  f"{trainer.step}" + (f" >= --train_steps={config.train_steps}"
+                                       if ended == RunStatus.COMPLETED else "")
+                  + "; nothing to train, nothing changed")
       return results.previous
     nan_policy = NanPolicy(on_nan=config.on_nan, trainer=trainer,
                            train_data=train_data, checkpoints=checkpoints,
