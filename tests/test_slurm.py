@@ -22,7 +22,7 @@ import slurm_cluster
 from conftest import (REPO, assert_bit_identical, checkpoint_values, cli_env,
                       read_results, run_cli)
 
-pytestmark = pytest.mark.slow  # Four 2-worker runs, one in-process: ~40 s.
+pytestmark = pytest.mark.slow  # 4 runs of 2 workers, 1 in-process: ~40 s idle.
 
 TRAIN_STEPS = 60
 # Small SGD steps on the MLP, as in tests/test_multi_worker.py.
