@@ -119,6 +119,29 @@ def test_two_sweep_processes_split_a_postgresql_study(postgres_url, tmp_path):
   assert not os.path.exists(os.path.join(root, "study.db"))  # All in PostgreSQL.
 
 
+def test_a_storage_created_by_another_process_at_once_is_opened(monkeypatch):
+  """Two sweep processes opening a new PostgreSQL study at once both create its
+  tables; the loser's CREATE fails on PostgreSQL's catalog, and it opens again."""
+  import sqlalchemy  # pylint: disable=g-import-not-at-top
+  optuna = search.load_optuna()
+  attempts = []
+
+  def rdb_storage(url, engine_kwargs=None):
+    del engine_kwargs
+    attempts.append(url)
+    if len(attempts) == 1:
+      raise sqlalchemy.exc.IntegrityError(
+          "CREATE TABLE studies ...", None, Exception(
+              "(psycopg.errors.UniqueViolation) duplicate key value violates "
+              'unique constraint "pg_type_typname_nsp_index"'))
+    return "storage"
+
+  monkeypatch.setattr(optuna.storages, "RDBStorage", rdb_storage)
+  url = "postgresql://sweep@127.0.0.1:1/db"
+  assert search.open_storage(url, "/nonexistent") == "storage"
+  assert attempts == [url, url]
+
+
 def test_a_missing_postgresql_driver_is_one_line_naming_it(tmp_path, capsys,
                                                            monkeypatch):
   # As where only psycopg2 is installed: SQLAlchemy 2.1 imports psycopg (3) for

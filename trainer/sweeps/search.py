@@ -58,7 +58,7 @@ def open_storage(url, root: str):
     except Exception as e:  # pylint: disable=broad-except
       # SQLAlchemy, drivers and the file system each raise their own kinds.
       reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-      if "IntegrityError" in reason and attempt + 1 < _OPEN_ATTEMPTS:
+      if _created_meanwhile(e) and attempt + 1 < _OPEN_ATTEMPTS:
         time.sleep(0.5)  # Another sweep process created the tables meanwhile.
         continue
       shown = _without_password(url)
@@ -72,6 +72,16 @@ def open_storage(url, root: str):
       raise ConfigError(f"--storage={shown}: cannot open it ({reason}); use "
                         "sqlite:///FILE, postgresql://..., mysql://... or "
                         "journal:FILE") from None
+
+
+def _created_meanwhile(error) -> bool:
+  """Whether opening a storage failed because another sweep process created its
+  tables at the same moment (then opening it again finds them). SQLite says
+  IntegrityError; PostgreSQL's concurrent CREATE TABLE says UniqueViolation (on
+  its catalog, wrapped in SQLAlchemy's IntegrityError) or DuplicateTable."""
+  text = f"{type(error).__name__} {error}"
+  return any(word in text for word in ("IntegrityError", "UniqueViolation",
+                                       "DuplicateTable", "DuplicateObject"))
 
 
 # How to install the database driver SQLAlchemy names for a storage URL. Its
