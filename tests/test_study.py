@@ -413,7 +413,7 @@ def _asked(gate_, child):
 
 
 def test_a_gated_trial_waits_at_each_evaluation_and_stops_there_if_pruned(tmp_path):
-  gate_ = gate.Gate(str(tmp_path), "0")
+  gate_ = gate.Gate()
   log = tmp_path / "trial.log"
   with open(log, "w") as out:
     child = subprocess.Popen([sys.executable, "-c", _GATED_TRIAL, gate_.prefix],
@@ -421,6 +421,8 @@ def test_a_gated_trial_waits_at_each_evaluation_and_stops_there_if_pruned(tmp_pa
                              env=cli_env())
   try:
     assert _asked(gate_, child) == [10]
+    # Its FIFOs, open at both ends, are gone from the file system.
+    assert not os.path.exists(os.path.dirname(gate_.prefix))
     # Held at its evaluation until answered: the eval line is its last yet.
     assert log.read_text().splitlines()[-1].startswith("eval at step 10:")
     gate_.answer(10, prune=False)

@@ -20,13 +20,15 @@ A trial whose sweep is gone (end of file) or silent for GATE_WAIT_SECONDS goes
 on; the sweep's SIGTERM (or PR_SET_PDEATHSIG's) still stops it at its next loop
 call. Trials are gated only when the sweep has a pruner.
 
-Protocol: two FIFOs per trial, in a private directory of the sweep process. The
-trial writes "STEP\\n" to PREFIX.ask after an evaluation line of that step; the
-sweep answers "STEP go\\n" or "STEP prune\\n" on PREFIX.go.
+Protocol: two FIFOs per trial, in a private temporary directory. The trial
+writes "STEP\\n" to PREFIX.ask after an evaluation line of that step; the sweep
+answers "STEP go\\n" or "STEP prune\\n" on PREFIX.go. The trial removes the
+FIFOs and their directory once it has opened them (the open ends work on), so a
+SIGKILLed sweep leaves nothing behind.
 
 Example (the sweep's side; trainer/sweeps/runner.py does this):
 
-  gate = Gate(directory, "3")  # Before the trial starts; pass gate.prefix.
+  gate = Gate()  # Before the trial starts; pass it gate.prefix.
   ...
   for step in gate.asked():  # Once the trial's log has been read.
     gate.answer(step, prune=False)
@@ -36,10 +38,12 @@ The trial's side: `install(prefix)` before `trainer.main.run()` (the fork
 server's child does it), or `python -m trainer.sweeps.gate PREFIX TRAINER_ARGS`.
 """
 
+import contextlib
 import os
 import select
 import signal
 import sys
+import tempfile
 import time
 
 from trainer.outputs import progress
@@ -58,18 +62,17 @@ def _eval_step(line: str):
 class Gate:
   """The sweep's end of one trial's gate."""
 
-  def __init__(self, directory: str, name: str):
+  def __init__(self):
     """Makes the trial's FIFOs and opens the sweep's ends.
 
     Both are opened read-write, so neither open waits for the trial, the sweep
     never reads an end of file from a trial that has not opened its end yet,
     and the trial reads one (goes on) once the sweep is gone.
 
-    Args:
-      directory: a private directory of the sweep process.
-      name: a file name for this trial's FIFOs.
+    Raises:
+      OSError: no FIFO can be made here.
     """
-    self.prefix = os.path.join(directory, name)
+    self.prefix = os.path.join(tempfile.mkdtemp(prefix="sweep-gate-"), "gate")
     os.mkfifo(self.prefix + ".ask", 0o600)
     os.mkfifo(self.prefix + ".go", 0o600)
     self._ask = os.open(self.prefix + ".ask", os.O_RDWR | os.O_NONBLOCK)
@@ -103,11 +106,15 @@ class Gate:
   def close(self):
     for fd in (self._ask, self._go):
       os.close(fd)
+    _remove(self.prefix)  # If the trial never opened them.
+
+
+def _remove(prefix: str):
+  """Removes a gate's FIFOs and their directory (already gone: nothing)."""
+  with contextlib.suppress(OSError):
     for suffix in (".ask", ".go"):
-      try:
-        os.unlink(self.prefix + suffix)
-      except FileNotFoundError:
-        pass
+      os.unlink(prefix + suffix)
+    os.rmdir(os.path.dirname(prefix))
 
 
 class _GatedStream:
@@ -198,6 +205,7 @@ def install(prefix: str) -> bool:
   except OSError:
     os.close(ask)
     return False
+  _remove(prefix)  # Open at both ends: the names are no longer needed.
   sys.stdout = _GatedStream(sys.stdout, ask, go)
   return True
 

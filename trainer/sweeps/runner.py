@@ -23,11 +23,9 @@ still saving to let go of its model_dir.
 
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Optional
 
@@ -92,8 +90,6 @@ class Sweep:
     self._last_beat = 0.0
     self._fork_server = fork_server
     self._server = None  # The ForkServer, once the first trial starts.
-    self._gate_dir = None  # The trials' gate FIFOs (with a pruner), once made.
-    self._gates_made = 0
 
   def _done(self, name) -> bool:
     results = run_dir.read_json(os.path.join(self.root, name, run_dir.RESULTS_FILE))
@@ -172,8 +168,6 @@ class Sweep:
         self._server.close()
       for run in self._running:
         self._close_gate(run)
-      if self._gate_dir is not None:
-        shutil.rmtree(self._gate_dir, ignore_errors=True)
       self._save_record()
     self._draw(force=True, final=True)
     if self.bad_metric:
@@ -378,10 +372,7 @@ class Sweep:
     """A new gate for a trial (trainer/sweeps/gate.py); None where FIFOs cannot
     be made (then the pruner's SIGTERM stops the trial a loop call later)."""
     try:
-      if self._gate_dir is None:
-        self._gate_dir = tempfile.mkdtemp(prefix="sweep-gates-")
-      self._gates_made += 1
-      return gate.Gate(self._gate_dir, str(self._gates_made))
+      return gate.Gate()
     except OSError as e:
       self._say(f"note: no pruning gate ({e}); a pruned trial stops a loop call "
                 "after its evaluation")
