@@ -1,8 +1,10 @@
 """Sweeps on Optuna: TPE, pruning, several sweep processes on one study, a killed
 sweep, and the study's bookkeeping (planning, claiming) without TensorFlow."""
 
+import io
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -13,19 +15,27 @@ import pytest
 from conftest import REPO, cli_env, read_results, read_scalars
 from test_sweep import read_csv, sweep, sweep_record
 from trainer.errors import ConfigError
-from trainer.sweeps import cli, search, spec, study
+from trainer.sweeps import cli, gate, runner, search, spec, study
+from trainer.sweeps.trial_run import TrialRun
 
 SHORT = ["--", "--dataset=digits", "--model=mlp", "--train_steps=30",
          "--steps_per_loop=10", "--checkpoint_every=10", "--eval_every=10",
          "--mode=train_and_eval"]
 
 
-def _queue(root, *, planned, trials=4, seed=0, sampler="random", goal="max"):
+def _queue(root, *, planned, trials=4, seed=0, sampler="random", goal="max",
+           pruner="none"):
   params = [spec.parse_random("learning_rate=loguniform:1e-4:1e-1")]
   return study.StudyQueue(root=str(root), storage=None, study_name="s", goal=goal,
-                          sampler=sampler, pruner="none", seed=seed, params=params,
+                          sampler=sampler, pruner=pruner, seed=seed, params=params,
                           planned=planned, trials=trials, eval_every=10,
                           train_steps=30)
+
+
+def optuna_trials(root):
+  """The FrozenTrials of a sweep's study in its default storage."""
+  return search.load_optuna().load_study(
+      study_name="sweep", storage=f"sqlite:///{root}/study.db").get_trials()
 
 
 def test_two_processes_claim_every_planned_trial_exactly_once(tmp_path):
@@ -134,21 +144,39 @@ def test_tpe_sweep_runs_its_seeded_proposals(tmp_path):
 def test_asha_prunes_trials_that_cannot_learn(tmp_path):
   root = str(tmp_path / "asha")
   # The first trial learns; the next two (rates too small to learn) are behind it
-  # at the first rung (step 100) and are stopped there.
+  # at the first rung (step 100) and are stopped there. Loop calls are automatic,
+  # i.e. they run from one evaluation to the next: a trial that went on after its
+  # evaluation until the verdict came stopped one evaluation late (step 200).
   asha = ["--grid=learning_rate=0.01,1e-7,2e-7", "--pruner=asha", "--",
-          "--dataset=digits", "--model=mlp", "--train_steps=1000", "--eval_every=100",
-          "--steps_per_loop=50", "--checkpoint_every=100", "--mode=train_and_eval"]
+          "--dataset=digits", "--model=mlp", "--train_steps=300", "--eval_every=100",
+          "--checkpoint_every=100", "--mode=train_and_eval"]
   result = sweep(f"--root={root}", *asha)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   record = sweep_record(root)
   assert record["learning_rate=0.01"]["status"] == "completed"
+  rows = {r["trial"]: r for r in read_csv(root)}
+  trials = {t.user_attrs["name"]: t for t in optuna_trials(root)}
+  assert len(trials) == 3
   for name in ("learning_rate=1e-07", "learning_rate=2e-07"):
     assert record[name]["status"] == "pruned", record[name]
+    # Stopped at the evaluation the pruner judged, with its checkpoint.
     results = read_results(os.path.join(root, name))
-    assert results["status"] == "pruned" and results["global_step"] < 1000
-  rows = {r["trial"]: r["status"] for r in read_csv(root)}
-  assert rows == {"learning_rate=0.01": "completed", "learning_rate=1e-07": "pruned",
-                  "learning_rate=2e-07": "pruned"}
+    assert results["status"] == "pruned" and results["global_step"] == 100
+    assert results["eval"]["step"] == 100
+    with open(os.path.join(root, "logs", name + ".log")) as f:
+      assert "pruned by the sweep at step 100" in f.read()
+    # The table and Optuna show the value the pruner judged, at its step.
+    trial = trials[name]
+    assert trial.state.name == "PRUNED" and list(trial.intermediate_values) == [100]
+    assert rows[name]["status"] == "pruned" and rows[name]["step"] == "100"
+    # (results.csv rounds to 4 significant digits.)
+    assert float(rows[name]["eval/accuracy"]) == pytest.approx(trial.value, rel=1e-3)
+    assert trial.value == trial.intermediate_values[100]
+  done = trials["learning_rate=0.01"]
+  assert done.state.name == "COMPLETE" and sorted(done.intermediate_values) == [
+      100, 200, 300]
+  assert float(rows["learning_rate=0.01"]["eval/accuracy"]) == pytest.approx(
+      done.value, rel=1e-3)
   # A rerun does not resume pruned trials as if they were interrupted.
   again = sweep(f"--root={root}", *asha)
   assert again.returncode == 0 and "3 of 3 trials already completed" in again.stdout
@@ -184,24 +212,25 @@ def test_two_sweep_processes_share_one_study(tmp_path):
   assert ran == [1, 1]
 
 
-def _start_sweep(args, log, *, after=0):
-  """Starts a sweep; returns it once its trial's log shows a progress line past
-  the first `after` characters."""
+def _start_sweep(args, log, *, after=0, line=r"^step \d+/"):
+  """Starts a sweep; returns it once its trial's log shows a `line` (a progress
+  line by default) past the first `after` characters."""
   process = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
   deadline = time.monotonic() + 120
   while time.monotonic() < deadline and not (
-      os.path.exists(log) and re.search(r"^step \d+/", open(log).read()[after:], re.M)):
+      os.path.exists(log) and re.search(line, open(log).read()[after:], re.M)):
     time.sleep(0.2)
   return process
 
 
 def test_an_interrupted_or_killed_sweep_loses_nothing(tmp_path):
   root = str(tmp_path / "sweep")
+  # With a pruner (that never prunes a lone trial): its evaluations are reported.
   args = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), f"--root={root}",
-          "--grid=learning_rate=0.01", "--metric=train/loss", "--", "--dataset=digits",
+          "--grid=learning_rate=0.01", "--pruner=median", "--", "--dataset=digits",
           "--model=mlp", "--train_steps=1500", "--checkpoint_every=100",
-          "--steps_per_loop=10"]
+          "--steps_per_loop=10", "--mode=train_and_eval", "--eval_every=100"]
   log = os.path.join(root, "logs", "learning_rate=0.01.log")
   # SIGINT: the trial saves a checkpoint, the sweep exits 4 and says how to go on.
   process = _start_sweep(args, log)
@@ -223,15 +252,196 @@ def test_an_interrupted_or_killed_sweep_loses_nothing(tmp_path):
   while time.monotonic() < deadline and "SIGTERM" not in open(log).read()[seen:]:
     time.sleep(0.2)
   # The rerun may find the model_dir still locked by that trial: it waits for it.
-  result = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True,
+  # Its trial starts cold: the pruning gate's other way in.
+  cold = args[:5] + ["--no-fork_server"] + args[5:]
+  result = subprocess.run(cold, cwd=REPO, env=cli_env(), capture_output=True,
                           text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stdout[-2000:]
-  assert len(re.findall(r"resuming at step [1-9]", open(log).read())) == 2
+  with open(log) as f:
+    text = f.read()
+  assert len(re.findall(r"resuming at step [1-9]", text)) == 2
   record = sweep_record(root)
   assert list(record) == ["learning_rate=0.01"]  # The same trial, never a new one.
   assert record["learning_rate=0.01"]["status"] == "completed"
   assert record["learning_rate=0.01"]["attempts"] == 3
   assert read_results(os.path.join(root, "learning_rate=0.01"))["global_step"] == 1500
+  # In Optuna too: the planned trial once (resumed twice as itself, no failed one
+  # per stop beside it), with every evaluation of its three attempts.
+  (trial,) = optuna_trials(root)
+  assert trial.state.name == "COMPLETE" and trial.user_attrs["attempts"] == 3
+  logged = {int(step) for step in re.findall(r"^eval at step (\d+):", text, re.M)}
+  assert set(trial.intermediate_values) == logged == set(range(100, 1501, 100))
+
+
+class _PruneEverything:
+  """A study whose pruner stops a trial at every evaluation it is asked about."""
+
+  def __init__(self):
+    self.attrs = {}
+
+  def report(self, trial, step, value):
+    del trial, step, value
+    return True  # The trial's newest evaluation.
+
+  def should_prune(self, trial):
+    del trial
+    return True
+
+  def set_attrs(self, trial, **attrs):
+    del trial
+    self.attrs.update(attrs)
+    return True
+
+
+class _Process:
+  def __init__(self):
+    self.signals = []
+
+  def poll(self):
+    return None
+
+  def send_signal(self, sig):
+    self.signals.append(sig)
+
+
+def _sweep(root, queue):
+  return runner.Sweep(root=str(root), queue=queue, make_run=None, parallel=1,
+                      retries=0, table=lambda runs: "", out=io.StringIO(),
+                      ranking={"metric": "eval/accuracy", "goal": "max"},
+                      prune_metric="eval/accuracy")
+
+
+def _logged_run(root, name, lines, *, train_steps=30):
+  log = root / f"{name}.log"
+  log.write_text("".join(line + "\n" for line in lines))
+  run = TrialRun(trial=spec.Trial(name=name, values={}), command=[],
+                 model_dir=str(root / name), log_path=str(log),
+                 train_steps=train_steps)
+  run.process = _Process()
+  return run
+
+
+def _eval_line(step, accuracy, loss=1.0):
+  return f"eval at step {step}: loss {loss:.4f}  accuracy {accuracy:.4f}  (8 examples)"
+
+
+def test_the_pruner_judges_the_evaluation_just_reported_never_the_last(tmp_path):
+  queue = _PruneEverything()
+  sweep_ = _sweep(tmp_path, queue)
+  last = _logged_run(tmp_path, "last", [
+      "step 30/30  loss 1.0000  accuracy 0.5000  1,000 examples/s  ETA 0:00:00",
+      _eval_line(30, 0.5)])
+  sweep_._read_log(last)  # pylint: disable=protected-access
+  # At --train_steps there is nothing left to save: never pruned there.
+  assert last.verdicts == {30: False} and not last.pruning
+  assert last.process.signals == [] and not queue.attrs
+  early = _logged_run(tmp_path, "early", [_eval_line(10, 0.25, loss=2.0)])
+  sweep_._read_log(early)  # pylint: disable=protected-access
+  assert early.verdicts == {10: True} and early.pruning
+  judged = {"step": 10, "eval/loss": 2.0, "eval/accuracy": 0.25}
+  assert early.pruned_at == judged and queue.attrs == {"pruned_at": judged}
+  assert early.process.signals == [signal.SIGTERM]  # Also where it has no gate.
+
+
+def test_a_taken_over_trial_is_itself_with_the_evaluations_its_log_shows(tmp_path):
+  planned = [("t0", {"learning_rate": 0.01})]
+  first = _queue(tmp_path, planned=planned, pruner="median")
+  first.prepare(done=lambda name: False)
+  trial, _, _ = first.claim()
+  assert first.report(trial, 10, 0.5)
+  # Its sweep (on another machine) stops beating; its trial evaluated once more
+  # while it saved, and nobody read that line.
+  trial.set_user_attr("owner", {"host": "elsewhere", "pid": 1})
+  trial.set_user_attr("heartbeat", time.time() - study.STALE_SECONDS - 1)
+  (tmp_path / "logs").mkdir()
+  log = tmp_path / "logs" / "t0.log"
+  log.write_text("# attempt 1: python -m trainer.main\n" + _eval_line(10, 0.5) + "\n" +
+                 _eval_line(20, 0.6) + "\n")
+
+  def make_run(name, values):
+    return TrialRun(trial=spec.Trial(name=name, values=values), command=[],
+                    model_dir=str(tmp_path / name), log_path=str(log), train_steps=30)
+
+  second = _queue(tmp_path, planned=planned, pruner="median")
+  second.prepare(done=lambda name: False)
+  sweep_ = _sweep(tmp_path, second)
+  sweep_._make_run = make_run  # pylint: disable=protected-access
+  run = sweep_._claim()  # pylint: disable=protected-access
+  assert run.optuna_trial.number == trial.number
+  (frozen,) = second.study.get_trials()
+  assert frozen.state.name == "RUNNING" and frozen.intermediate_values == {
+      10: 0.5, 20: 0.6}
+  assert not first.set_attrs(trial, heartbeat=time.time())  # It knows it lost it.
+  # The pruner stops it at step 20; that sweep dies before the trial has ended.
+  assert second.set_attrs(run.optuna_trial, pruned_at={
+      "step": 20, "eval/loss": 1.0, "eval/accuracy": 0.6})
+  run.optuna_trial.set_user_attr("owner", {"host": "elsewhere", "pid": 1})
+  run.optuna_trial.set_user_attr("heartbeat", 0.0)
+  third = _queue(tmp_path, planned=planned, pruner="median")
+  third.prepare(done=lambda name: False)
+  sweep_ = _sweep(tmp_path, third)
+  sweep_._make_run = make_run  # pylint: disable=protected-access
+  assert sweep_._claim() is None  # pylint: disable=protected-access
+  (frozen,) = third.study.get_trials()
+  assert frozen.state.name == "PRUNED" and frozen.value == 0.6
+  (pruned,) = sweep_.runs()
+  assert pruned.status == "pruned" and pruned.metrics["eval/accuracy"] == 0.6
+
+
+_GATED_TRIAL = """
+import sys
+from trainer import interrupts
+from trainer.sweeps import gate
+with interrupts.stop_on_signals() as stop:
+  assert gate.install(sys.argv[1])
+  print("step 10/30  loss 1.0000  accuracy 0.5000  1,000 examples/s  ETA 0:00:01",
+        flush=True)
+  for step in (10, 20, 30):
+    print(f"eval at step {step}: loss 1.0000  accuracy 0.5000  (8 examples)",
+          flush=True)
+    print(f"after {step}: " + ("stop requested" if stop else "going on"), flush=True)
+"""
+
+
+def _asked(gate_, child):
+  """The steps a gated trial asks about, once it asks (or ends)."""
+  deadline = time.monotonic() + 60
+  while child.poll() is None and time.monotonic() < deadline:
+    if select.select([gate_], [], [], 1.0)[0]:
+      return gate_.asked()
+  return []
+
+
+def test_a_gated_trial_waits_at_each_evaluation_and_stops_there_if_pruned(tmp_path):
+  gate_ = gate.Gate()
+  log = tmp_path / "trial.log"
+  with open(log, "w") as out:
+    child = subprocess.Popen([sys.executable, "-c", _GATED_TRIAL, gate_.prefix],
+                             stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                             env=cli_env())
+  try:
+    assert _asked(gate_, child) == [10]
+    # Its FIFOs, open at both ends, are gone from the file system.
+    assert not os.path.exists(os.path.dirname(gate_.prefix))
+    # Held at its evaluation until answered: the eval line is its last yet.
+    assert log.read_text().splitlines()[-1].startswith("eval at step 10:")
+    gate_.answer(10, prune=False)
+    assert _asked(gate_, child) == [20]
+    gate_.answer(20, prune=True)
+    assert _asked(gate_, child) == [30]
+    gate_.close()  # The sweep is gone: the trial goes on.
+    assert child.wait(timeout=60) == 0, log.read_text()
+  finally:
+    child.kill()
+  assert log.read_text().splitlines()[1:] == [
+      "eval at step 10: loss 1.0000  accuracy 0.5000  (8 examples)",
+      "after 10: going on",
+      "eval at step 20: loss 1.0000  accuracy 0.5000  (8 examples)",
+      "pruned by the sweep at step 20: stopping at this evaluation",
+      # Before the trainer's next action (its checkpoint and stop vote).
+      "after 20: stop requested",
+      "eval at step 30: loss 1.0000  accuracy 0.5000  (8 examples)",
+      "after 30: stop requested"]
 
 
 @pytest.mark.parametrize("args, message", [

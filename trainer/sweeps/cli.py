@@ -178,11 +178,13 @@ def build_plan(args) -> Plan:
             f"--model_dir={os.path.join(args.root, name)}", f"--hparams={hparams}"]
 
   def make_run(name, values):
+    # train_steps: the trials' --train_steps, set below once their flags parse.
     return TrialRun(trial=spec.Trial(name=name, values=values),
                     command=[sys.executable, "-m", "trainer.main",
                              *trainer_args(name, values)],
                     model_dir=os.path.join(args.root, name),
-                    log_path=os.path.join(args.root, LOG_DIR, name + ".log"))
+                    log_path=os.path.join(args.root, LOG_DIR, name + ".log"),
+                    train_steps=int(values.get("train_steps", train_steps)))
 
   if args.sampler == "tpe":
     spec.check_params(params)
@@ -202,6 +204,7 @@ def build_plan(args) -> Plan:
                         f"{config.mode}, which does not evaluate; add -- "
                         "--mode=train_and_eval or pick --metric=train/loss")
   _check_pruner(args, config)
+  train_steps = config.train_steps  # A trial's own, unless it sweeps it.
   return Plan(params=params, planned=planned, make_run=make_run,
               eval_every=config.eval_every or config.train_steps,
               train_steps=config.train_steps,

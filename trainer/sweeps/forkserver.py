@@ -15,7 +15,7 @@ handlers (the child installs the trainer's).
 
 Protocol, one line each way: the sweep writes a JSON request {"argv": [...],
 "log": PATH} (and "err": PATH for stderr apart and "python_path", as the tests'
-run_cli wants); the
+run_cli wants, and "gate": PREFIX for a pruned sweep's trials); the
 server answers "started PID" once the child is forked, and
 "exited PID CODE" (Popen's returncode: negative for a signal) when it ends. The
 server ignores SIGINT (a terminal's Ctrl-C reaches the trials and the sweep, which
@@ -168,10 +168,12 @@ class ForkServer:
       return None
 
   def spawn(self, argv: list, *, log_path: str, err_path: Optional[str] = None,
-            python_path: Optional[str] = None) -> WarmProcess:
+            python_path: Optional[str] = None,
+            gate: Optional[str] = None) -> WarmProcess:
     """Forks a trial: `python -m trainer.main *argv`, its output appended to
     log_path (stderr to err_path, if given), with PYTHONPATH=python_path if given
-    (for a task module in another directory).
+    (for a task module in another directory), its evaluations gated at the FIFOs
+    of `gate` if given (trainer/sweeps/gate.py).
 
     Raises:
       OSError: the server is gone or did not answer.
@@ -181,6 +183,8 @@ class ForkServer:
       request["err"] = err_path
     if python_path:
       request["python_path"] = python_path
+    if gate:
+      request["gate"] = gate
     try:
       self._process.stdin.write(json.dumps(request) + "\n")
       self._process.stdin.flush()
@@ -272,6 +276,9 @@ def _child(request: dict, die_with_parent, server_pid: int):
     if request.get("python_path"):  # As Python reads PYTHONPATH at start.
       os.environ["PYTHONPATH"] = request["python_path"]
       sys.path[1:1] = request["python_path"].split(os.pathsep)
+    if request.get("gate"):  # Pruned at an evaluation: stops there (gate.py).
+      from trainer.sweeps import gate  # pylint: disable=g-import-not-at-top
+      gate.install(request["gate"])
     from trainer import main, tf_loader  # pylint: disable=g-import-not-at-top
     # The device probe the server left out, with its native lines held back: else
     # a flag validator of TensorFlow's makes it, and CUDA's lines reach the log.

@@ -5,12 +5,16 @@ started cold.
 The trials come from the sweep's Optuna study (trainer/sweeps/study.py), which
 several sweep processes may share: each claims the next waiting trial. Each trial
 trains in ROOT/<trial name> and logs to ROOT/logs/<trial name>.log. Its
-evaluations are reported to the study's pruner as they appear in the log; a
-pruned trial is stopped like an interrupted one (SIGTERM: checkpoint, exit 4) and
-marked "pruned". A failed trial is retried; a failure is recorded with its error
-line and never stops the other trials. An interrupted trial goes back to the
-queue and resumes from its checkpoints when the sweep is rerun. ROOT/sweep.json
-records every trial's state for `python -m trainer.inspect ROOT`.
+evaluations are reported to the study's pruner as they appear in the log, each
+while the trial waits for the verdict at that evaluation (trainer/sweeps/gate.py);
+a pruned trial stops there like an interrupted one (checkpoint, exit 4) and is
+marked "pruned", with the evaluation the pruner judged as its values. The last
+evaluation is never pruned (nothing is left to save). A failed trial is retried;
+a failure is recorded with its error line and never stops the other trials. An
+interrupted trial goes back to the queue and resumes from its checkpoints when
+the sweep is rerun; the evaluations of earlier attempts that the study lacks are
+reported when it is claimed. ROOT/sweep.json records every trial's state for
+`python -m trainer.inspect ROOT`.
 
 A trial dies with its sweep (PR_SET_PDEATHSIG: a SIGKILLed sweep's trials get a
 SIGTERM, save and stop), so a rerun can take them over; the rerun waits for one
@@ -18,6 +22,7 @@ still saving to let go of its model_dir.
 """
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -26,7 +31,7 @@ from typing import Optional
 
 from trainer.outputs import progress, run_dir
 from trainer.errors import ExitCode
-from trainer.sweeps import forkserver, report, trial_run
+from trainer.sweeps import forkserver, gate, report, trial_run
 from trainer.sweeps.spec import Trial
 from trainer.sweeps.trial_run import TrialRun, results_metrics
 from trainer.sweeps.study import HEARTBEAT_SECONDS, STALE_SECONDS
@@ -130,10 +135,11 @@ class Sweep:
         if not self._running and not retry:
           break
         self._draw(force=changed)
-        time.sleep(_POLL_SECONDS)
+        self._wait_for_trials()
         changed = False
         for run in list(self._running):
           self._read_log(run)
+          self._answer(run)
           if run.process.poll() is None:
             run.elapsed = run.elapsed_before + time.monotonic() - run.started
             continue
@@ -160,6 +166,8 @@ class Sweep:
         signal.signal(sig, old)
       if self._server is not None:
         self._server.close()
+      for run in self._running:
+        self._close_gate(run)
       self._save_record()
     self._draw(force=True, final=True)
     if self.bad_metric:
@@ -198,15 +206,71 @@ class Sweep:
     return True
 
   def _claim(self):
-    claimed = self._queue.claim()
-    if claimed is None:
-      return None
-    trial, name, values = claimed
-    run = self._make_run(name, values)
-    run.optuna_trial = trial
-    run.attempts = trial.user_attrs.get("attempts", 0)
-    run.elapsed_before = trial.user_attrs.get("elapsed", 0.0)
-    return run
+    """The next claimed trial to start, or None when the study has none waiting.
+    One found pruned already (its sweep process was killed after the verdict) is
+    recorded as pruned, not started."""
+    while True:
+      claimed = self._queue.claim()
+      if claimed is None:
+        return None
+      trial, name, values = claimed
+      run = self._make_run(name, values)
+      run.optuna_trial = trial
+      run.attempts = trial.user_attrs.get("attempts", 0)
+      run.elapsed_before = run.elapsed = trial.user_attrs.get("elapsed", 0.0)
+      if not self._catch_up(run):
+        return run
+      self._end_pruned_unstarted(run)
+
+  def _catch_up(self, run) -> bool:
+    """Reports the evaluations of a claimed trial's earlier attempts that the
+    study lacks: its log's evaluation lines (and its results.json's last one).
+    A killed sweep's trial evaluates once more while it saves, and the sweep may
+    not have read its last lines; a copy (trainer/sweeps/study.py) has none.
+
+    Returns:
+      Whether the trial is pruned already: by a verdict its earlier sweep
+      process recorded, or now, on its newest evaluation (never its last one).
+    """
+    metric = self._prune_metric
+    if metric is None:
+      return False
+    trial = run.optuna_trial
+    if trial.user_attrs.get("pruned_at"):
+      run.pruned_at = trial.user_attrs["pruned_at"]
+      return True
+    logged = trial_run.logged_evaluations(run.log_path)
+    results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
+    if isinstance(results, dict) and isinstance(results.get("eval"), dict):
+      last = results["eval"]
+      logged.setdefault(last.get("step"), {f"eval/{k}": v for k, v in last.items()
+                                           if k not in ("step", "examples")})
+    known = self._queue.frozen(trial).intermediate_values
+    missing = sorted(s for s, values in logged.items()
+                     if isinstance(s, int) and s not in known and metric in values)
+    newest = False
+    for step in missing:
+      newest = self._queue.report(trial, step, logged[step][metric])
+    if not (missing and newest and not self._last(run, missing[-1]) and
+            self._queue.should_prune(trial)):
+      return False
+    run.pruned_at = {"step": missing[-1], **logged[missing[-1]]}
+    self._queue.set_attrs(trial, pruned_at=run.pruned_at)
+    return True
+
+  def _end_pruned_unstarted(self, run):
+    """Records a claimed trial that the pruner has stopped already as pruned."""
+    run.pruning = True
+    results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
+    if isinstance(results, dict):
+      run.metrics.update(results_metrics(results))
+      run_dir.write_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE),
+                         dict(results, status="pruned"))
+    run.metrics.update(run.pruned_at)
+    self._say(f"{run.name}: pruned at its evaluation at step "
+              f"{run.pruned_at['step']} (its sweep process ended before it did); "
+              "not resumed")
+    self._end(run, "pruned")
 
   def _heartbeat(self, waiting) -> list:
     """Tells the study that this process's trials (running, or `waiting` to start
@@ -242,6 +306,8 @@ class Sweep:
       results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
       if isinstance(results, dict):
         run.metrics = results_metrics(results)
+      if record.status == "pruned" and record.pruned_at:
+        run.metrics.update(record.pruned_at)  # What the pruner judged, as Optuna.
       log = os.path.join(self.root, LOG_DIR, record.name + ".log")
       run.command = trial_run.logged_command(log)
       runs.append(run)
@@ -267,9 +333,14 @@ class Sweep:
     log.write(f"# attempt {run.attempts}: {' '.join(run.command)}\n")
     log.flush()
     run.log_offset = os.path.getsize(run.log_path)
+    run.gate = self._open_gate() if self._prune_metric else None
+    command = run.command
+    if run.gate is not None:  # The same trainer run, its evaluations gated.
+      command = [command[0], "-m", "trainer.sweeps.gate", run.gate.prefix,
+                 *command[3:]]
     with log:
       run.process = self._spawn_warm(run) or subprocess.Popen(
-          run.command, stdout=log, stderr=subprocess.STDOUT, env=trial_run.trial_env(),
+          command, stdout=log, stderr=subprocess.STDOUT, env=trial_run.trial_env(),
           stdin=subprocess.DEVNULL, preexec_fn=_DIE_WITH_PARENT)
     if self._stopping:  # Asked to stop while it was being started.
       run.process.send_signal(signal.SIGTERM)
@@ -288,7 +359,8 @@ class Sweep:
         self._fork_server = False
         return None
     try:
-      return self._server.spawn(run.command[3:], log_path=run.log_path)
+      return self._server.spawn(run.command[3:], log_path=run.log_path,
+                                gate=run.gate.prefix if run.gate else None)
     except OSError as e:
       # Its running trials go on (and report their exits); new ones start cold.
       self._say(f"{run.name}: {e}; this and later trials start cold")
@@ -296,8 +368,41 @@ class Sweep:
       self._fork_server = False
       return None
 
-  def _read_log(self, run):
-    """Updates the trial's live metrics from new progress lines in its log."""
+  def _open_gate(self):
+    """A new gate for a trial (trainer/sweeps/gate.py); None where FIFOs cannot
+    be made (then the pruner's SIGTERM stops the trial a loop call later)."""
+    try:
+      return gate.Gate()
+    except OSError as e:
+      self._say(f"note: no pruning gate ({e}); a pruned trial stops a loop call "
+                "after its evaluation")
+      return None
+
+  def _close_gate(self, run):
+    if run.gate is not None:
+      run.gate.close()
+      run.gate = None
+
+  def _wait_for_trials(self):
+    """Waits a poll interval, or less when a trial asks at an evaluation."""
+    gates = [run.gate for run in self._running if run.gate is not None]
+    if gates:
+      select.select(gates, [], [], _POLL_SECONDS)
+    else:
+      time.sleep(_POLL_SECONDS)
+
+  def _answer(self, run):
+    """Answers the trial's gate: the verdict on each evaluation it waits at."""
+    if run.gate is None:
+      return
+    for step in run.gate.asked():
+      if step not in run.verdicts:  # Its line was written after the last read.
+        self._read_log(run)
+      run.gate.answer(step, prune=run.verdicts.get(step, False))
+
+  def _read_log(self, run, *, can_prune=True):
+    """Updates the trial's live metrics from new progress lines in its log, and
+    judges its evaluations (see `_judge`)."""
     with open(run.log_path) as f:
       f.seek(run.log_offset)
       text = f.read()
@@ -306,14 +411,41 @@ class Sweep:
     for line in complete.splitlines():
       values = progress.parse_line(line)
       run.metrics.update(values)
-      metric = self._prune_metric
-      if (metric in values and not run.pruning and
-          self._queue.report(run.optuna_trial, values["step"], values[metric])):
-        run.pruning = True  # Stopped like an interrupted trial: checkpoint, exit 4.
-        run.process.send_signal(signal.SIGTERM)
+      if self._prune_metric in values:
+        self._judge(run, values, can_prune=can_prune)
+
+  def _last(self, run, step) -> bool:
+    """Whether an evaluation at `step` is the trial's last (at --train_steps)."""
+    return bool(run.train_steps) and step >= run.train_steps
+
+  def _judge(self, run, values, *, can_prune: bool):
+    """Reports an evaluation to the study and records the pruner's verdict on it
+    (which the trial's gate waits for). The verdict is about this evaluation, the
+    trial's newest in the study; it never prunes the last one (the trial has
+    nothing left to save, and a SIGTERM would only interrupt its export)."""
+    step, prune = values["step"], False
+    if not run.pruning and self._queue.report(run.optuna_trial, step,
+                                              values[self._prune_metric]):
+      # Asked at the last evaluation too: ASHA and Hyperband record rungs there.
+      prune = (self._queue.should_prune(run.optuna_trial) and can_prune and
+               not self._last(run, step))
+    run.verdicts[step] = prune
+    if not prune:
+      return
+    run.pruning = True
+    run.pruned_at = {"step": step, **{k: v for k, v in values.items()
+                                      if k.startswith("eval/")}}
+    self._queue.set_attrs(run.optuna_trial, pruned_at=run.pruned_at)
+    # The gate stops the trial at this evaluation; a trial without one (or past
+    # it) stops at the end of its loop call: checkpoint, exit 4.
+    run.process.send_signal(signal.SIGTERM)
 
   def _finish(self, run):
     run.returncode = run.process.returncode
+    # Lines written after the last read (an interrupted trial's last evaluation
+    # is still judged: pruned, it is not resumed).
+    self._read_log(run, can_prune=run.returncode == int(ExitCode.INTERRUPTED))
+    self._close_gate(run)
     run.elapsed = run.elapsed_before + time.monotonic() - run.started
     results = run_dir.read_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE))
     if isinstance(results, dict):
@@ -328,6 +460,7 @@ class Sweep:
       run.status = "interrupted"  # Stopped by the sweep before it could save.
     if run.pruning and run.status in ("interrupted", "completed"):
       run.status = "pruned"
+      run.metrics.update(run.pruned_at)  # The evaluation the pruner judged.
       if isinstance(results, dict):  # trainer.inspect of the trial says so too.
         run_dir.write_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE),
                            dict(results, status="pruned"))

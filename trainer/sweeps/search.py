@@ -58,12 +58,66 @@ def open_storage(url, root: str):
     except Exception as e:  # pylint: disable=broad-except
       # SQLAlchemy, drivers and the file system each raise their own kinds.
       reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-      if "IntegrityError" in reason and attempt + 1 < _OPEN_ATTEMPTS:
+      if _created_meanwhile(e) and attempt + 1 < _OPEN_ATTEMPTS:
         time.sleep(0.5)  # Another sweep process created the tables meanwhile.
         continue
-      raise ConfigError(f"--storage={url}: cannot open it ({reason}); use "
+      shown = _without_password(url)
+      missing = _missing_driver(url) if isinstance(e, ImportError) else None
+      if missing:  # Optuna's own line names no module.
+        raise ConfigError(
+            f"--storage={shown}: cannot open it (no module named {missing!r}: the "
+            f"driver SQLAlchemy uses for {url.split('://')[0]}://); "
+            f"{_DRIVER_INSTALL.get(missing, f'pip install {missing}')}"
+        ) from None
+      raise ConfigError(f"--storage={shown}: cannot open it ({reason}); use "
                         "sqlite:///FILE, postgresql://..., mysql://... or "
                         "journal:FILE") from None
+
+
+def _created_meanwhile(error) -> bool:
+  """Whether opening a storage failed because another sweep process created its
+  tables at the same moment (then opening it again finds them). SQLite says
+  IntegrityError; PostgreSQL's concurrent CREATE TABLE says UniqueViolation (on
+  its catalog, wrapped in SQLAlchemy's IntegrityError) or DuplicateTable."""
+  text = f"{type(error).__name__} {error}"
+  return any(word in text for word in ("IntegrityError", "UniqueViolation",
+                                       "DuplicateTable", "DuplicateObject"))
+
+
+# How to install the database driver SQLAlchemy names for a storage URL. Its
+# default for postgresql:// is psycopg (3) since SQLAlchemy 2.1: psycopg2 alone
+# does not do.
+_DRIVER_INSTALL = {
+    "psycopg": "pip install -e '.[postgres]' (psycopg, for postgresql://)",
+    "psycopg2": "pip install psycopg2-binary, or use postgresql:// with "
+                "pip install -e '.[postgres]'",
+    "MySQLdb": "pip install mysqlclient, or use mysql+pymysql:// with "
+               "pip install PyMySQL",
+    "pymysql": "pip install PyMySQL",
+}
+
+
+def _missing_driver(url: str):
+  """The module name of the database driver a storage URL needs and this Python
+  lacks, or None."""
+  try:
+    from sqlalchemy.engine import make_url  # pylint: disable=g-import-not-at-top
+    make_url(url).get_dialect().import_dbapi()
+  except ImportError as e:
+    return (e.name or str(e)).split(".")[0]
+  except Exception:  # pylint: disable=broad-except
+    return None  # Not a dialect SQLAlchemy knows: the generic line says so.
+  return None
+
+
+def _without_password(url: str) -> str:
+  """A storage URL as an error line may show it: its password masked."""
+  try:
+    from sqlalchemy.engine import make_url  # pylint: disable=g-import-not-at-top
+    parsed = make_url(url)
+  except Exception:  # pylint: disable=broad-except
+    return url  # journal:FILE, or not a URL at all.
+  return parsed.render_as_string(hide_password=True) if parsed.password else url
 
 
 def _storage_file(url: str):

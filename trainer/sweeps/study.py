@@ -7,11 +7,17 @@ for grid and random search, empty for TPE (whose sampler proposes each one when 
 is claimed). Every process then claims waiting trials one at a time under a lock
 file in the root, so no trial runs twice and the total is exact.
 
-A trial is a `python -m trainer.main` run in ROOT/<name>. Optuna cannot put a
-trial back in the queue, so a trial that must run again (interrupted, failed,
-orphaned by a killed sweep, its results deleted) is replaced: the old one is
-marked failed and superseded, and a copy with the same name, values and attempt
-count is enqueued; the copy trains in the same directory and so resumes from its
+A trial is a `python -m trainer.main` run in ROOT/<name>, and one Optuna trial
+while it is unfinished: one that was interrupted (stays RUNNING with status
+"interrupted" and no owner) or orphaned by a killed sweep (RUNNING, its owner's
+process gone) is put back in the queue as itself (WAITING again) by the next
+`prepare`, so it keeps its number and the evaluations it reported, and the study
+shows each planned trial once. The process that claims it reports the
+evaluations its log shows and the study lacks (those its killed sweep had not
+read yet; trainer/sweeps/runner.py). Only a finished trial that must run again
+(failed or diverged, or completed with its results deleted: Optuna cannot reopen
+a finished trial) is replaced by a copy with the same name, values and attempt
+count; the copy trains in the same directory and so resumes from its
 checkpoints. The table shows each name's newest trial.
 
 Example:
@@ -31,6 +37,8 @@ import json
 import os
 import socket
 import time
+import uuid
+from typing import Optional
 
 from trainer.errors import ConfigError
 from trainer.sweeps.search import (distribution, load_optuna, make_pruner,
@@ -63,6 +71,7 @@ class Record:
   error: str = ""
   elapsed: float = 0.0
   number: int = -1
+  pruned_at: Optional[dict] = None  # The evaluation the pruner stopped it at.
 
 
 class StudyQueue:
@@ -109,12 +118,17 @@ class StudyQueue:
                   "eval_every": eval_every, "train_steps": train_steps,
                   "trial_flags": list(trial_flags)}
     self._lock_path = os.path.join(root, LOCK_FILE)
-    self._owner = {"host": socket.gethostname(), "pid": os.getpid()}
+    # The token tells this process from an earlier one with the same pid.
+    self._owner = {"host": socket.gethostname(), "pid": os.getpid(),
+                   "token": uuid.uuid4().hex}
     self._distributions = {p.name: distribution(p) for p in params}
+    # The study's own storage object (RDB storages get Optuna's cache), so that
+    # what this queue writes to it directly the study sees too.
+    self._storage = optuna.storages.get_storage(open_storage(storage, root))
     with self._locked():
       try:
         self.study = optuna.create_study(
-            storage=open_storage(storage, root), study_name=study_name,
+            storage=self._storage, study_name=study_name,
             sampler=make_sampler(sampler, seed),
             pruner=make_pruner(pruner, eval_every=eval_every, train_steps=train_steps),
             direction="maximize" if goal == "max" else "minimize",
@@ -126,6 +140,7 @@ class StudyQueue:
       raise ConfigError(f"--goal={goal}: --study={study_name} in this storage "
                         f"{self.study.direction.name.lower()}s its metric; use "
                         "the same --goal, or another --study")
+    self._study_id = self._storage.get_study_id_from_name(study_name)
 
   @contextlib.contextmanager
   def _locked(self):
@@ -143,8 +158,9 @@ class StudyQueue:
 
   def prepare(self, *, done) -> int:
     """Plans the study if nobody has, and queues again the trials that must run
-    again: not finished, not running in a live process (or without a heartbeat
-    from another machine), or finished but with their results gone.
+    again: unfinished and not running in a live process (interrupted, or without
+    a heartbeat from another machine), which go back as themselves; failed or
+    diverged, or finished but with their results gone, which are copied.
 
     Args:
       done: `done(name) -> bool`, whether a trial's directory holds a finished run.
@@ -172,8 +188,8 @@ class StudyQueue:
         if trial.state == state.WAITING:
           continue
         if trial.state == state.RUNNING:
-          if self._orphaned(trial):  # Its sweep was killed: resume it.
-            self._requeue(trial, "interrupted")
+          if self._orphaned(trial):  # Interrupted, or its sweep was killed.
+            self._resume(trial)
         elif status == "pruned" or (status == "completed" and
                                     done(trial.user_attrs["name"])):
           finished += 1
@@ -194,21 +210,43 @@ class StudyQueue:
     self.study.set_user_attr("plan", self._plan)
 
   def _orphaned(self, trial) -> bool:
-    """A running trial whose sweep process is gone."""
-    owner = trial.user_attrs.get("owner") or {}
+    """A running trial whose sweep process is gone (or that has no owner: it was
+    interrupted)."""
+    owner = trial.user_attrs.get("owner")
+    if not owner:  # Interrupted: its process let it go.
+      return True
     if owner.get("host") == self._owner["host"]:
       return owner.get("pid") != self._owner["pid"] and not _pid_alive(owner["pid"])
     beat = trial.user_attrs.get("heartbeat", 0.0)
     return time.time() - beat > STALE_SECONDS
 
+  def _trial_id(self, trial) -> int:
+    """The storage's id of a trial (Trial or FrozenTrial) of this study."""
+    return self._storage.get_trial_id_from_study_id_trial_number(self._study_id,
+                                                                 trial.number)
+
+  def frozen(self, trial):
+    """The trial as the storage holds it now (a FrozenTrial)."""
+    return self._storage.get_trial(self._trial_id(trial))
+
+  def _resume(self, trial):
+    """Puts an unfinished trial back in the queue as itself: WAITING again, with
+    its number, values, attempts and reported evaluations (Optuna lets a
+    storage take a RUNNING trial back to WAITING, never a finished one)."""
+    trial_id = self._trial_id(trial)
+    self._storage.set_trial_user_attr(trial_id, "status", "interrupted")
+    self._storage.set_trial_user_attr(trial_id, "owner", None)
+    self._storage.set_trial_state_values(trial_id,
+                                         state=load_optuna().trial.TrialState.WAITING)
+
   def _requeue(self, trial, status: str):
-    """Replaces a trial by a copy in the queue (same name, values, attempts)."""
+    """Replaces a finished trial by a copy in the queue (same name, values,
+    attempts): Optuna cannot reopen it."""
     attrs = dict(trial.user_attrs, status=status)
-    attrs.pop("owner", None)
-    attrs.pop("heartbeat", None)
-    if trial.state == load_optuna().trial.TrialState.RUNNING:
-      self.study.tell(trial.number, state=load_optuna().trial.TrialState.FAIL,
-                      skip_if_finished=True)
+    for key in ("owner", "heartbeat", "pruned_at"):
+      attrs.pop(key, None)
+    # Its evaluations are reported to the copy from the trial's log when it is
+    # claimed (trainer/sweeps/runner.py).
     params = {p: trial.params[p] for p in trial.params}
     self.study.enqueue_trial(params, user_attrs=attrs)
 
@@ -246,41 +284,75 @@ class StudyQueue:
         trial.set_user_attr("values", values)
     return trial, name, values
 
-  @staticmethod
-  def set_attrs(trial, **attrs) -> bool:
+  def _owns(self, trial) -> bool:
+    """Whether a claimed trial is still this process's: running, and not taken
+    over by another sweep process (for an orphan) since."""
+    frozen = self.frozen(trial)
+    return (frozen.state == load_optuna().trial.TrialState.RUNNING and
+            frozen.user_attrs.get("owner") == self._owner)
+
+  def set_attrs(self, trial, **attrs) -> bool:
     """Records attrs of a claimed trial; False when it is no longer this process's
-    (another sweep process took it over for an orphan and ended it)."""
-    try:
+    (another sweep process took it over for an orphan)."""
+    with self._locked():  # Not between another process's check and takeover.
+      if not self._owns(trial):
+        return False
       for key, value in attrs.items():
         trial.set_user_attr(key, value)
-    except load_optuna().exceptions.UpdateFinishedTrialError:
-      return False
     return True
 
-  @staticmethod
-  def report(trial, step: int, value: float) -> bool:
-    """Reports an evaluation; returns whether the pruner stops the trial (never
-    one another process took over: its heartbeat check stops that)."""
-    try:
-      trial.report(value, step)
-    except load_optuna().exceptions.UpdateFinishedTrialError:
+  def report(self, trial, step: int, value: float) -> bool:
+    """Reports an evaluation (once: a step the study has is left as it is).
+
+    Returns:
+      Whether the step is now the trial's newest evaluation in the study, the one
+      `should_prune` judges; False for a trial that is no longer this process's.
+    """
+    frozen = self.frozen(trial)
+    if (frozen.state != load_optuna().trial.TrialState.RUNNING or
+        frozen.user_attrs.get("owner") != self._owner):
       return False
+    steps = frozen.intermediate_values
+    if step not in steps:
+      trial.report(value, step)
+    return step >= max(steps, default=step)
+
+  @staticmethod
+  def should_prune(trial) -> bool:
+    """The pruner's verdict on the trial's newest reported evaluation."""
     return trial.should_prune()
 
   def finish(self, trial, *, status: str, value=None, attempts: int, error: str,
              elapsed: float):
     """Records how a claimed trial ended. One that must run again (interrupted,
     failed) is queued again by the next `prepare`, i.e. when the sweep is rerun,
-    not at once: an interrupted sweep or a --max_time budget must end."""
+    not at once: an interrupted sweep or a --max_time budget must end.
+
+    Args:
+      trial: the claimed trial.
+      status: completed, pruned, interrupted, pending (never started), failed or
+        diverged.
+      value: --metric's final value, for a completed trial.
+      attempts: how many times it was started.
+      error: the failure's line.
+      elapsed: seconds it ran, over every attempt.
+    """
     state = load_optuna().trial.TrialState
-    if not self.set_attrs(trial, status=status, attempts=attempts, error=error,
-                          elapsed=round(elapsed, 1)):
-      return  # Taken over meanwhile: the copy's process records it.
     with self._locked():
+      if not self._owns(trial):
+        return  # Taken over meanwhile: the other process records it.
+      for key, attr in dict(status=status, attempts=attempts, error=error,
+                              elapsed=round(elapsed, 1)).items():
+        trial.set_user_attr(key, attr)
       if status == "completed" and value is not None:
         self.study.tell(trial, value, skip_if_finished=True)
       elif status == "pruned":
+        # Optuna's value of a pruned trial: its newest evaluation, the one pruned.
         self.study.tell(trial, state=state.PRUNED, skip_if_finished=True)
+      elif status in ("interrupted", "pending"):
+        # Unfinished: it stays RUNNING, without an owner, for `prepare` to queue
+        # again as itself (a finished trial could only be copied).
+        trial.set_user_attr("owner", None)
       else:
         self.study.tell(trial, state=state.FAIL, skip_if_finished=True)
 
@@ -295,7 +367,8 @@ class StudyQueue:
           name=attrs.get("name") or f"(proposal {attrs.get('slot')})",
           values=values, status=attrs.get("status", "pending"),
           attempts=attrs.get("attempts", 0), error=attrs.get("error", ""),
-          elapsed=attrs.get("elapsed", 0.0), number=trial.number))
+          elapsed=attrs.get("elapsed", 0.0), number=trial.number,
+          pruned_at=attrs.get("pruned_at")))
     return records
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 from typing import Optional
 
+from trainer.outputs import progress
 from trainer.sweeps.spec import Trial
 
 
@@ -32,6 +33,10 @@ class TrialRun:
   lost: bool = False  # Another sweep process took its trial over.
   locked_since: float = 0.0  # When it first found its model_dir locked (exit 5).
   start_after: float = 0.0  # Not started again before this (time.monotonic()).
+  train_steps: int = 0  # Its --train_steps: an evaluation there is its last.
+  gate: object = None  # Its pruning gate (trainer/sweeps/gate.py), while it runs.
+  verdicts: dict = dataclasses.field(default_factory=dict)  # step -> pruned?
+  pruned_at: Optional[dict] = None  # The evaluation the pruner stopped it at.
 
   @property
   def name(self) -> str:
@@ -57,6 +62,21 @@ def results_metrics(results: dict) -> dict:
   if "examples_per_second" in results:
     metrics["examples_per_second"] = results["examples_per_second"]
   return metrics
+
+
+def logged_evaluations(log_path: str) -> dict:
+  """{step: {"eval/NAME": value, ...}} of every evaluation line in a trial's log,
+  over all its attempts (a step's first, as Optuna keeps a step's first value)."""
+  evaluations = {}
+  try:
+    with open(log_path, errors="replace") as f:
+      for line in f:
+        values = progress.parse_line(line)
+        if any(name.startswith("eval/") for name in values):
+          evaluations.setdefault(values.pop("step"), values)
+  except OSError:
+    pass
+  return evaluations
 
 
 def trial_env() -> dict:
