@@ -42,7 +42,8 @@ def run_sweep(root: str, parallel: int, start: str) -> dict:
   """Runs the sweep in `root` with trials started `start` ("cold" or "warm");
   returns its timings."""
   command = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"),
-             f"--root={root}", f"--parallel={parallel}", *GRID, "--metric=eval/accuracy",
+             f"--root={root}", f"--parallel={parallel}", *GRID,
+             "--metric=eval/accuracy",
              "--fork_server" if start == "warm" else "--no-fork_server", *TRIAL]
   began = time.perf_counter()
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
@@ -76,7 +77,7 @@ PRUNE_TRIAL = ["--", "--dataset=digits", "--model=mlp",
 def run_pruned_sweep(root: str, parallel: int, pruner: str) -> dict:
   """Runs the pruning benchmark's sweep in `root` with `pruner`; returns the
   compute its trials used."""
-  import optuna  # pylint: disable=g-import-not-at-top
+  import optuna
   command = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"),
              f"--root={root}", f"--parallel={parallel}", *PRUNE_SEARCH,
              f"--pruner={pruner}", *PRUNE_TRIAL]
@@ -155,7 +156,8 @@ def main(argv=None) -> int:
         root = os.path.join(scratch, f"{start}-p{parallel}")
         rows.append(run_sweep(root, parallel, start))
         print(json.dumps(rows[-1]), flush=True)
-  print("\n| trials start | --parallel | trials | sweep wall (s) | trial wall, mean (s) "
+  print("\n| trials start | --parallel | trials | sweep wall (s) "
+        "| trial wall, mean (s) "
         "| start-up to first step, mean (s) | start-up share |")
   print("|---|---|---|---|---|---|---|")
   for r in rows:

@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """One benchmark variant in its own process; prints one `BENCHMARK_RESULT {json}` line.
 
-Run by scripts/benchmark.py. Every variant trains the same model (the classification task's) on
+Run by scripts/benchmark.py. Every variant trains the same model (the
+classification task's) on
 the same tf.data pipeline (trainer.data: same data, global batch, order) under the
-same strategy (trainer.distribute.devices), and times windows of --steps_per_loop steps after
+same strategy (trainer.distribute.devices), and times windows of
+--steps_per_loop steps after
 a warm-up window that absorbs tracing. A window ends at a host sync (a value read
 back), so queued work cannot hide in it.
 
@@ -75,7 +77,8 @@ def _windows(run_window, args):
   for _ in range(args.windows):
     start = time.perf_counter()
     run_window()
-    rates.append(args.steps_per_loop * args.global_batch / (time.perf_counter() - start))
+    seconds = time.perf_counter() - start
+    rates.append(args.steps_per_loop * args.global_batch / seconds)
   return rates, ttfs
 
 
@@ -136,7 +139,7 @@ def _hand_replica_step(args, model, optimizer, *, apply_inside=True):
   the global batch, its gradients applied inside the replica function (or, with
   apply_inside=False, returned with the loss for the caller to all-reduce)."""
   tf = tf_loader.load_tensorflow()
-  import keras  # pylint: disable=g-import-not-at-top
+  import keras
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                        reduction="none")
 
@@ -202,7 +205,7 @@ def run_orbit(args):
   """Orbit's Controller + StandardTrainer: the k_loop's replica step, K steps per
   controller loop, the same model, data and strategy."""
   tf = tf_loader.load_tensorflow()
-  import orbit  # pylint: disable=g-import-not-at-top
+  import orbit
   config, strategy, task, dataset = _setup(args)
   model, optimizer = _model_and_optimizer(config, task, strategy)
   replica_step = _hand_replica_step(args, model, optimizer)
@@ -240,7 +243,7 @@ def run_orbit(args):
 
 
 def run_keras_fit(args):
-  import keras  # pylint: disable=g-import-not-at-top
+  import keras
   config, strategy, task, dataset = _setup(args)
   k, e = args.steps_per_loop, args.steps_per_execution
   if k % e:
@@ -325,7 +328,7 @@ def main():
   }
   try:
     result = runners[args.variant]()
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:  # noqa: BLE001
     # Reported, not raised: e.g. Keras fit with steps_per_execution > 1 under
     # MirroredStrategy fails in Keras 3.15, and the driver then retries with 1.
     result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}

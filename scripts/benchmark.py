@@ -87,7 +87,8 @@ def run_variant(variant, *, model, dataset, replicas, args, extra=()):
 def _keras_fit(model, dataset, replicas, args):
   """Keras fit with steps_per_execution = K, falling back to 1 if K fails."""
   result = run_variant("keras_fit", model=model, dataset=dataset, replicas=replicas,
-                       args=args, extra=[f"--steps_per_execution={args.steps_per_loop}"])
+                       args=args,
+                       extra=[f"--steps_per_execution={args.steps_per_loop}"])
   if "error" in result:
     failed = result["error"]
     result = run_variant("keras_fit", model=model, dataset=dataset, replicas=replicas,
@@ -174,7 +175,8 @@ def fast_paths(args) -> list:
     result = _median_of_repeats(runs)
     result["name"] = name
     rows.append(result)
-    print(f"  fast path {name}: {result.get('examples_per_second') or result.get('error')}",
+    speed = result.get("examples_per_second") or result.get("error")
+    print(f"  fast path {name}: {speed}",
           file=sys.stderr, flush=True)
   return rows
 
@@ -220,8 +222,10 @@ def render(report: dict) -> str:
                    f"(min {min(values):.2f}, max {max(values):.2f})")
   if report.get("quickstart"):
     q = report["quickstart"]
-    lines.append(f"quickstart: time to first step {_fmt(q.get('time_to_first_step_s'), '.1f')}"
-                 f" s (target <= {QUICKSTART_TARGET_S:g}), peak RSS {_fmt(q.get('peak_rss_mib'), '.0f')} MiB, "
+    first_step = _fmt(q.get("time_to_first_step_s"), ".1f")
+    rss = _fmt(q.get("peak_rss_mib"), ".0f")
+    lines.append(f"quickstart: time to first step {first_step}"
+                 f" s (target <= {QUICKSTART_TARGET_S:g}), peak RSS {rss} MiB, "
                  f"whole run {_fmt(q.get('wall_s'), '.1f')} s")
   if report.get("fast_paths"):
     lines += ["", "| fast path (cnn, synthetic, 2 replicas) | examples/s | note |",

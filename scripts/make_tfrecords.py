@@ -45,9 +45,9 @@ def _parser() -> ArgumentParser:
 
 
 def _write_split(out, split, images, labels, shards, image_format):
-  from trainer.tasks import image_records  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from trainer.tasks import image_records
+  import numpy as np
+  import tensorflow as tf
   paths = []
   for shard, indices in enumerate(np.array_split(np.arange(len(images)), shards)):
     name = f"{split}-{shard:05d}-of-{shards:05d}.tfrecord"
@@ -66,7 +66,7 @@ def _storable(images, image_format: str):
   Raises:
     TrainerError: integers outside 0..255, or a type that is not a number.
   """
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  import numpy as np
   if image_format != "raw" or images.dtype.name in ("uint8", "float32"):
     return images
   if np.issubdtype(images.dtype, np.floating):

@@ -5,7 +5,8 @@
   python scripts/profile_steps.py --replicas=2 --array_input=gather --json=p.json
 
 Each configuration is one `python -m trainer.main` run of the benchmark's config
-(scripts/bench_variants.py: Adam, 32 examples per replica, K=20) with --profile_steps over three loop
+(scripts/bench_variants.py: Adam, 32 examples per replica, K=20) with
+--profile_steps over three loop
 calls after warm-up; the run reads its own trace (trainer.training.profile) and this
 script tabulates, per step: the wall time inside train_loop calls, the op time of
 each part of the step (self times, summed over threads, so replicas that run side

@@ -198,7 +198,7 @@ class SlurmCluster:
     ])
 
   def _spawn(self, name, *command):
-    log = open(self._path(f"{name}.out"), "wb")  # pylint: disable=consider-using-with
+    log = open(self._path(f"{name}.out"), "wb")
     try:
       # Its own session: a terminal's Ctrl-C reaches the tests, not the daemons.
       self._daemons[name] = subprocess.Popen(

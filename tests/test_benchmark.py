@@ -1,4 +1,5 @@
-"""scripts/benchmark.py: every variant runs and is reported (speed is never asserted)."""
+"""scripts/benchmark.py: every variant runs and is reported (speed is never
+asserted)."""
 
 import importlib.util
 import json
@@ -35,7 +36,8 @@ def test_quick_benchmark_reports_every_variant(tmp_path):
   # Orbit is optional (not in the test extra): run where it is installed.
   orbit = {"orbit"} if importlib.util.find_spec("orbit") else set()
   assert set(config["variants"]) == {"trainer", "trainer_quiet", "trainer_dataset",
-                                     "seed_loop", "k_loop", "k_loop_outside", "keras_fit",
+                                     "seed_loop", "k_loop", "k_loop_outside",
+                                     "keras_fit",
                                      "single_device", "pipeline"} | orbit
   for name, variant in config["variants"].items():
     assert "error" not in variant, (name, variant)
@@ -60,7 +62,7 @@ def test_ratios_and_targets_are_computed_from_the_medians():
                           for s in (90.0, 100.0, 300.0)],
               "k_loop": [{"variant": "k_loop", "examples_per_second": 100.0}],
               "keras_fit": [{"variant": "keras_fit", "error": "boom"}]}
-  merged = {v: benchmark._median_of_repeats(r)  # pylint: disable=protected-access
+  merged = {v: benchmark._median_of_repeats(r)
             for v, r in variants.items()}
   assert merged["trainer"]["examples_per_second"] == 100.0
   assert merged["trainer"]["repeats"] == [90.0, 100.0, 300.0]

@@ -143,7 +143,8 @@ def test_shipped_digits_are_scikit_learns():
 def test_a_batched_dataset_is_refused_and_an_unbatched_one_taken():
   windows = tf.data.Dataset.from_tensor_slices(
       (np.zeros((20, 4, 2), np.float32), np.zeros(20, np.float32)))
-  for batched in (windows.batch(5), windows.batch(5).prefetch(2).map(lambda x, y: (x, y))):
+  mapped = windows.batch(5).prefetch(2).map(lambda x, y: (x, y))
+  for batched in (windows.batch(5), mapped):
     with pytest.raises(DataError, match="yields batches"):
       data.as_task_data(batched, what="Task.train_data()")
   assert data.as_task_data(windows.batch(5).unbatch(), what="Task.train_data()")

@@ -40,11 +40,11 @@ def test_a_sigterm_to_the_server_stops_its_trials_cleanly(server, tmp_path):
   while time.monotonic() < deadline and not (
       os.path.exists(log) and re.search(r"^step \d+/", open(log).read(), re.M)):
     time.sleep(0.1)
-  os.kill(server._process.pid, signal.SIGTERM)  # pylint: disable=protected-access
+  os.kill(server._process.pid, signal.SIGTERM)
   assert _wait(trial) == 4, open(log).read()[-2000:]
   results = read_results(model_dir)
   assert results["status"] == "interrupted" and results["global_step"] > 0
-  assert server._process.wait(timeout=30) == 0  # pylint: disable=protected-access
+  assert server._process.wait(timeout=30) == 0
 
 
 def test_a_warm_trial_with_bad_flags_fails_as_a_cold_one(server, tmp_path):

@@ -1,4 +1,5 @@
-"""MultiWorkerMirroredStrategy through the local launcher (worker processes on 127.0.0.1).
+"""MultiWorkerMirroredStrategy through the local launcher (worker processes on
+127.0.0.1).
 
 One uninterrupted 2-worker run (module fixture) is the reference: it must match a
 2-replica mirrored run, leave only the chief's files, and equal bit for bit a run
@@ -29,7 +30,8 @@ FLAGS = ["--dataset=digits", "--model=mlp", "--optimizer=sgd", "--learning_rate=
          "--per_replica_batch_size=16", f"--train_steps={TRAIN_STEPS}",
          "--checkpoint_every=100", "--steps_per_loop=10", "--deterministic",
          "--seed=3", "--cpu_devices=1"]
-CHIEF_FILES = {"checkpoints", "eval", "export", "export_best", "flags.txt", "results.json",
+CHIEF_FILES = {"checkpoints", "eval", "export", "export_best", "flags.txt",
+               "results.json",
                "train"}
 
 

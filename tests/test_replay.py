@@ -78,7 +78,8 @@ def test_replay_prints_the_same_numbers_and_dumps_the_batch(diverged, tmp_path):
 
 @pytest.mark.parametrize("args, code, fragment", [
     (["--step=0"], 2, "--step=0: must be >= 1"),
-    (["--step=3", "--dump=out.txt"], 2, "--dump=out.txt: must be a path ending in .npz"),
+    (["--step=3", "--dump=out.txt"], 2,
+     "--dump=out.txt: must be a path ending in .npz"),
     (["--step=3", "--dump=/nonexistent/d/s.npz"], 2,
      "--dump=/nonexistent/d/s.npz: no directory /nonexistent/d to write it in"),
 ])
@@ -99,7 +100,7 @@ def test_replay_of_a_directory_that_is_not_a_run(tmp_path):
 def test_replay_of_a_finite_step_reproduces_what_training_logged(diverged):
   """Not only itself: the replayed step 2 has the gradient norm that the train
   loop computed and logged to TensorBoard at step 2 (the last step of a call)."""
-  from conftest import read_scalars  # pylint: disable=g-import-not-at-top
+  from conftest import read_scalars
   model_dir, _ = diverged
   replayed = replay(f"--model_dir={model_dir}", "--step=2")
   assert replayed.returncode == 0, replayed.stderr
@@ -112,7 +113,7 @@ def test_replay_of_a_finite_step_reproduces_what_training_logged(diverged):
 def test_replay_trains_at_the_rate_left_by_the_last_rollback(diverged, tmp_path):
   """After --on_nan=rollback lowered the rate (rollbacks.json), the replayed steps
   use the lowered rate: step 4's loss, which follows step 3's update, changes."""
-  import shutil  # pylint: disable=g-import-not-at-top
+  import shutil
   model_dir, _ = diverged
   halved = str(tmp_path / "halved")
   shutil.copytree(model_dir, halved)

@@ -109,7 +109,7 @@ def test_tpe_proposals_differ_between_sweep_processes(tmp_path):
   values = [queue.claim()[2]["learning_rate"] for queue in (first, second, second)]
   assert len(set(values)) == 3, values
   # And they are the dry run's proposals, slot by slot.
-  proposed = search.tpe_proposals(first._params, trials=4, seed=0)  # pylint: disable=protected-access
+  proposed = search.tpe_proposals(first._params, trials=4, seed=0)
   assert [v["learning_rate"] for _, v in proposed[:3]] == values
 
 
@@ -331,12 +331,12 @@ def test_the_pruner_judges_the_evaluation_just_reported_never_the_last(tmp_path)
   last = _logged_run(tmp_path, "last", [
       "step 30/30  loss 1.0000  accuracy 0.5000  1,000 examples/s  ETA 0:00:00",
       _eval_line(30, 0.5)])
-  sweep_._read_log(last)  # pylint: disable=protected-access
+  sweep_._read_log(last)
   # At --train_steps there is nothing left to save: never pruned there.
   assert last.verdicts == {30: False} and not last.pruning
   assert last.process.signals == [] and not queue.attrs
   early = _logged_run(tmp_path, "early", [_eval_line(10, 0.25, loss=2.0)])
-  sweep_._read_log(early)  # pylint: disable=protected-access
+  sweep_._read_log(early)
   assert early.verdicts == {10: True} and early.pruning
   judged = {"step": 10, "eval/loss": 2.0, "eval/accuracy": 0.25}
   assert early.pruned_at == judged and queue.attrs == {"pruned_at": judged}
@@ -365,8 +365,8 @@ def test_a_taken_over_trial_is_itself_with_the_evaluations_its_log_shows(tmp_pat
   second = _queue(tmp_path, planned=planned, pruner="median")
   second.prepare(done=lambda name: False)
   sweep_ = _sweep(tmp_path, second)
-  sweep_._make_run = make_run  # pylint: disable=protected-access
-  run = sweep_._claim()  # pylint: disable=protected-access
+  sweep_._make_run = make_run
+  run = sweep_._claim()
   assert run.optuna_trial.number == trial.number
   (frozen,) = second.study.get_trials()
   assert frozen.state.name == "RUNNING" and frozen.intermediate_values == {
@@ -380,8 +380,8 @@ def test_a_taken_over_trial_is_itself_with_the_evaluations_its_log_shows(tmp_pat
   third = _queue(tmp_path, planned=planned, pruner="median")
   third.prepare(done=lambda name: False)
   sweep_ = _sweep(tmp_path, third)
-  sweep_._make_run = make_run  # pylint: disable=protected-access
-  assert sweep_._claim() is None  # pylint: disable=protected-access
+  sweep_._make_run = make_run
+  assert sweep_._claim() is None
   (frozen,) = third.study.get_trials()
   assert frozen.state.name == "PRUNED" and frozen.value == 0.6
   (pruned,) = sweep_.runs()

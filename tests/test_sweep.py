@@ -1,4 +1,5 @@
-"""Sweeps: trials as subprocesses, rerun semantics, HParams through TensorBoard's API."""
+"""Sweeps: trials as subprocesses, rerun semantics, HParams through TensorBoard's
+API."""
 
 import csv
 import json
@@ -118,7 +119,8 @@ def test_tensorboard_serves_every_trials_scalars_and_hparams(grid_root):
     domains = {h["name"]: h.get("domainDiscrete") for h in experiment["hparamInfos"]}
     assert domains == {"learning_rate": [0.001, 0.01],
                        "per_replica_batch_size": [16, 32]}
-    metrics = {(m["name"]["group"], m["name"]["tag"]) for m in experiment["metricInfos"]}
+    metrics = {(m["name"]["group"], m["name"]["tag"])
+               for m in experiment["metricInfos"]}
     # Every metric the trials reported (the task's), not a fixed list.
     assert metrics == {("eval", "accuracy"), ("eval", "loss"), ("train", "accuracy"),
                        ("train", "loss")}
@@ -272,7 +274,8 @@ def test_several_spec_files_and_the_command_line_combine(tmp_path):
      "runs --mode=train"),
     ([], "nothing to sweep"),
     (["--grid=learning_rate=0.1", "--parallel=0"], "--parallel=0: must be >= 1"),
-    (["--spec=flags/sweeps/none.sweep"], "--spec=flags/sweeps/none.sweep: No such file"),
+    (["--spec=flags/sweeps/none.sweep"],
+     "--spec=flags/sweeps/none.sweep: No such file"),
     (["--grid=task.hidden=8,16"], "--grid=task.hidden=8,16: unknown trainer flag "
      "--task.hidden"),
     (["--grid=task.hidden=8,x", "--", "--task=regression"],

@@ -50,7 +50,7 @@ def postgres_url():
   """A PostgreSQL server of this module's tests: its URL (a superuser "sweep",
   trusted on 127.0.0.1 only, in a temporary directory removed afterwards)."""
   try:
-    import psycopg  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401
+    import psycopg  # noqa: F401
   except ImportError:
     pytest.skip("no psycopg, the PostgreSQL driver: pip install -e '.[postgres]'")
   bin_dir = _server_bin_dir()
@@ -122,7 +122,7 @@ def test_two_sweep_processes_split_a_postgresql_study(postgres_url, tmp_path):
 def test_a_storage_created_by_another_process_at_once_is_opened(monkeypatch):
   """Two sweep processes opening a new PostgreSQL study at once both create its
   tables; the loser's CREATE fails on PostgreSQL's catalog, and it opens again."""
-  import sqlalchemy  # pylint: disable=g-import-not-at-top
+  import sqlalchemy
   optuna = search.load_optuna()
   attempts = []
 

@@ -37,7 +37,8 @@ def test_user_task_from_the_command_line_trains_evaluates_and_exports(model_dir)
   assert results["eval"]["examples"] == 77 and "mae" in results["eval"]
   assert results["best_metric"] == "eval/loss"
   assert {"mae", "loss"} <= read_scalars(os.path.join(model_dir, "train")).keys()
-  assert [s for s, _ in read_scalars(os.path.join(model_dir, "eval"))["mae"]] == [10, 20, 30]
+  eval_scalars = read_scalars(os.path.join(model_dir, "eval"))
+  assert [s for s, _ in eval_scalars["mae"]] == [10, 20, 30]
   flags_txt = open(os.path.join(model_dir, "flags.txt")).read()
   assert "--task=user_tasks:Quadratic\n" in flags_txt
   assert "--task.hidden=8\n" in flags_txt and "--task.delta=1.0\n" in flags_txt

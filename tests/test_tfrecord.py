@@ -143,7 +143,8 @@ def _without_label(index, record):
 
 @pytest.mark.parametrize("damage, message", [
     (lambda d: _rewrite(d, "train-00002-of-00004.tfrecord", _label(12)),
-     "train-00002-of-00004.tfrecord: record 100: image/class/label \\[12\\] is out of range "
+     "train-00002-of-00004.tfrecord: record 100: "
+     "image/class/label \\[12\\] is out of range "
      r"\[0, 10\)"),
     (lambda d: _rewrite(d, "train-00003-of-00004.tfrecord", _without_label),
      "train-00003-of-00004.tfrecord: record 100: Feature: image/class/label "
@@ -172,7 +173,8 @@ def test_a_bad_record_mid_run_is_one_line_and_keeps_the_checkpoint(
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--train_files={tmp}/none-*"], "error: --train_files={tmp}/none-*: no file matches"),
+    (["--train_files={tmp}/none-*"],
+     "error: --train_files={tmp}/none-*: no file matches"),
     (["--train_files={shards}/train-*", "--eval_files={tmp}/x-*"],
      "error: --eval_files={tmp}/x-*: no file matches"),
     (["--train_files={bare}/train-*"],

@@ -39,7 +39,8 @@ def test_summaries_results_and_flags(model_dir):
   assert on_disk["train"]["loss"] == pytest.approx(scalars["loss"][-1][1], rel=1e-6)
   assert on_disk["examples_per_second"] > 0
   flags_txt = open(os.path.join(model_dir, "flags.txt")).read()
-  assert "--per_replica_batch_size=8\n" in flags_txt and "--cpu_devices=2\n" in flags_txt
+  assert "--per_replica_batch_size=8\n" in flags_txt
+  assert "--cpu_devices=2\n" in flags_txt
 
 
 def test_automatic_steps_per_loop_ends_calls_at_every_interval(model_dir):
@@ -63,7 +64,8 @@ def test_automatic_steps_per_loop_ends_calls_at_every_interval(model_dir):
 def test_eval_counts_every_example_once(tmp_path, replicas):
   rng = np.random.default_rng(0)
   path = tmp_path / "seventy.npz"
-  np.savez(path, x_train=rng.random((64, 6), np.float32), y_train=rng.integers(0, 3, 64),
+  np.savez(path, x_train=rng.random((64, 6), np.float32),
+           y_train=rng.integers(0, 3, 64),
            x_test=rng.random((70, 6), np.float32), y_test=rng.integers(0, 3, 70))
   results = train("--dataset=npz", f"--data_path={path}", "--model=mlp",
                   model_dir=str(tmp_path / "run"), cpu_devices=replicas,

@@ -22,7 +22,7 @@ def test_a_collective_error_names_the_peer_and_what_happened():
              "sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have "
              "crashed.")
   assert watchdog.peer_of(message) == "worker 1"
-  assert "tasks are unhealthy" in watchdog._gist(message)  # pylint: disable=protected-access
+  assert "tasks are unhealthy" in watchdog._gist(message)
   assert watchdog.peer_of("Graph execution error: timed out") is None
 
 

@@ -38,7 +38,7 @@ def install():
   global _installed_for_process, _active
   if threading.current_thread() is threading.main_thread():
     for sig in _SIGNALS:
-      signal.signal(sig, _REQUEST._handle)  # pylint: disable=protected-access
+      signal.signal(sig, _REQUEST._handle)
     _installed_for_process = _active = True
 
 
@@ -48,7 +48,7 @@ def refresh():
   level while Python still reports ours."""
   if _active and threading.current_thread() is threading.main_thread():
     for sig in _SIGNALS:
-      signal.signal(sig, _REQUEST._handle)  # pylint: disable=protected-access
+      signal.signal(sig, _REQUEST._handle)
 
 
 @contextlib.contextmanager
@@ -60,11 +60,12 @@ def stop_on_signals():
   block, under them, does not count).
   """
   global _active
-  if _installed_for_process or threading.current_thread() is not threading.main_thread():
+  if (_installed_for_process or
+      threading.current_thread() is not threading.main_thread()):
     yield _REQUEST
     return
   _REQUEST.signal_name = None
-  previous = {s: signal.signal(s, _REQUEST._handle) for s in _SIGNALS}  # pylint: disable=protected-access
+  previous = {s: signal.signal(s, _REQUEST._handle) for s in _SIGNALS}
   _active = True
   try:
     yield _REQUEST

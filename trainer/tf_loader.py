@@ -45,7 +45,7 @@ def load_tensorflow(*, probe_devices: bool = True):
   """
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Python-side info lines.
   with _native_stderr_captured():
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
     if probe_devices:
       tf.config.list_physical_devices()  # Does not fix the device split.
   return tf

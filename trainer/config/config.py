@@ -53,7 +53,8 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
     if self.lr_schedule in ("cosine", "linear", "exponential") and (
         decay_steps <= self.warmup_steps):
       raise ConfigError(f"--decay_steps={decay_steps}: must be more than "
-                        f"--warmup_steps={self.warmup_steps} (decay ends after warm-up)")
+                        f"--warmup_steps={self.warmup_steps} (decay ends after "
+                        "warm-up)")
     if self.min_learning_rate > self.learning_rate:
       raise ConfigError(f"--min_learning_rate={self.min_learning_rate}: must be <= "
                         f"--learning_rate={self.learning_rate}")

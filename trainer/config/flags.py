@@ -328,7 +328,8 @@ def read_flagfile(path: str) -> Optional[dict]:
   return values
 
 
-__all__ = ["as_typed", "define_flags", "field_choices", "flag_kind", "flag_names", "flag_table",
+__all__ = ["as_typed", "define_flags", "field_choices", "flag_kind", "flag_names",
+           "flag_table",
            "task_flag_table",
            "from_argv", "from_flags", "load_flagfile", "prepare_flags",
            "read_flagfile"]

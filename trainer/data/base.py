@@ -52,7 +52,7 @@ class TaskData:
 
   what: str = "the data"
   note: Optional[str] = None
-  per_pipeline: bool = False  # Each worker reads its own part (its own files).  # Said once at start (e.g. how files were counted).
+  per_pipeline: bool = False  # Each worker reads its own part (its own files).
 
   @property
   def element_spec(self):

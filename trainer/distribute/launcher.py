@@ -219,7 +219,8 @@ def _kill_stopped(workers, say):
   """Names and kills the workers that are stopped (SIGSTOP, a debugger): they
   cannot take part in a collective, so the others hung waiting for them."""
   for worker in workers:
-    if worker.process.poll() is None and process_state(worker.process.pid) in ("T", "t"):
+    stopped = process_state(worker.process.pid) in ("T", "t")
+    if worker.process.poll() is None and stopped:
       say(f"{worker.name} (pid {worker.process.pid}) is stopped (process state T): "
           "it is the worker the others hung waiting for; killing it")
       worker.signal(signal.SIGKILL)

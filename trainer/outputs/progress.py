@@ -13,7 +13,8 @@ import re
 
 _STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)  (?P<pairs>.*?)  "
                         r"[\d,]+ examples/s")
-_EVAL_LINE = re.compile(r"^eval at step (?P<step>\d+): (?P<pairs>.*?)  \(\d+ examples\)")
+_EVAL_LINE = re.compile(
+    r"^eval at step (?P<step>\d+): (?P<pairs>.*?)  \(\d+ examples\)")
 _PAIR = re.compile(r"^(?P<name>\S+) (?P<value>\S+)$")
 
 

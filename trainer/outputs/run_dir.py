@@ -61,7 +61,8 @@ def ensure_writable(model_dir: str):
     with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".probe-"):
       pass
   except OSError as e:
-    raise ModelDirError(f"--model_dir={model_dir}: not writable ({e.strerror})") from None
+    raise ModelDirError(f"--model_dir={model_dir}: not writable "
+                        f"({e.strerror})") from None
 
 
 def check_writable_target(path: str, *, flag: str):

@@ -54,7 +54,8 @@ class Summaries:
     summary = summary_pb2.Summary()
     for tag, value in values.items():
       # What tf.summary.scalar writes: a float32 scalar tensor of the scalars plugin.
-      summary.value.add(tag=tag, metadata=_SCALAR_METADATA, tensor=tensor_pb2.TensorProto(
+      summary.value.add(tag=tag, metadata=_SCALAR_METADATA,
+                        tensor=tensor_pb2.TensorProto(
           dtype=types_pb2.DT_FLOAT, float_val=[float(value)]))
     self._write(split, step, summary)
 

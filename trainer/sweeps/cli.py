@@ -29,7 +29,8 @@ def _parser():
       "trial is a `python -m trainer.main` run in ROOT/<trial>. Flags after -- go to "
       "every trial.")
   parser.add_argument("--root", required=True, help="sweep directory")
-  parser.add_argument("--base_flagfile", help="trainer flagfile every trial starts from")
+  parser.add_argument("--base_flagfile",
+                      help="trainer flagfile every trial starts from")
   parser.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
                       help="try each value of a trainer flag (repeatable)")
   parser.add_argument("--random", action="append", default=[], metavar="NAME=DIST",
@@ -110,7 +111,8 @@ def _parse(argv):
   return args
 
 
-_METRIC = re.compile(rf"^((train|eval)/{METRIC_NAME.pattern[1:-1]}|examples_per_second)$")
+_METRIC = re.compile(
+    rf"^((train|eval)/{METRIC_NAME.pattern[1:-1]}|examples_per_second)$")
 
 
 def _check_metric(args, base_args):
@@ -119,7 +121,7 @@ def _check_metric(args, base_args):
   Raises:
     ConfigError: a malformed --metric, or base flags that do not parse.
   """
-  from trainer import tasks  # pylint: disable=g-import-not-at-top
+  from trainer import tasks
   try:
     base = config_lib.from_argv(base_args)
   except ConfigError as e:

@@ -121,7 +121,7 @@ class ForkServer:
     """
     if not hasattr(os, "fork"):
       return None
-    process = subprocess.Popen(  # pylint: disable=consider-using-with
+    process = subprocess.Popen(
         [sys.executable, "-m", "trainer.sweeps.forkserver"], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
         preexec_fn=preexec_fn, cwd=cwd)
@@ -235,7 +235,7 @@ _WARM_MODULES = ("tensorflow", "keras", "trainer.main", "trainer.training.run",
 def _warm_up():
   """Imports what every trial imports, and nothing that starts TensorFlow's
   runtime (no device listed, no context: each child sets those up)."""
-  from trainer import tf_loader  # pylint: disable=g-import-not-at-top
+  from trainer import tf_loader
   tf_loader.load_tensorflow(probe_devices=False)
   for name in _WARM_MODULES:
     importlib.import_module(name)
@@ -259,13 +259,13 @@ def _child(request: dict, die_with_parent, server_pid: int):
   try:
     # First the trainer's handlers: SIGINT/SIGTERM from now on is a clean stop
     # request (exit 4), as in a cold trainer from its first line.
-    from trainer import interrupts  # pylint: disable=g-import-not-at-top
+    from trainer import interrupts
     interrupts.install()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # Blocked in fork.
     if die_with_parent is not None:
       die_with_parent()
     if os.getppid() != server_pid:  # The server died before prctl took effect.
-      os._exit(int(ExitCode.INTERRUPTED))  # pylint: disable=protected-access
+      os._exit(int(ExitCode.INTERRUPTED))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, key in ((1, "log"), (2, "err" if "err" in request else "log")):
@@ -277,9 +277,9 @@ def _child(request: dict, die_with_parent, server_pid: int):
       os.environ["PYTHONPATH"] = request["python_path"]
       sys.path[1:1] = request["python_path"].split(os.pathsep)
     if request.get("gate"):  # Pruned at an evaluation: stops there (gate.py).
-      from trainer.sweeps import gate  # pylint: disable=g-import-not-at-top
+      from trainer.sweeps import gate
       gate.install(request["gate"])
-    from trainer import main, tf_loader  # pylint: disable=g-import-not-at-top
+    from trainer import main, tf_loader
     # The device probe the server left out, with its native lines held back: else
     # a flag validator of TensorFlow's makes it, and CUDA's lines reach the log.
     tf_loader.load_tensorflow()
@@ -290,15 +290,15 @@ def _child(request: dict, die_with_parent, server_pid: int):
     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     if isinstance(e.code, str):  # As Python prints it on the way out.
       print(e.code, file=sys.stderr)
-  except BaseException:  # pylint: disable=broad-except
+  except BaseException:  # noqa: BLE001
     traceback.print_exc()
   finally:
     for stream in (sys.stdout, sys.stderr):
       try:
         stream.flush()
-      except Exception:  # pylint: disable=broad-except
+      except Exception:  # noqa: BLE001
         pass
-    os._exit(code)  # pylint: disable=protected-access
+    os._exit(code)
 
 
 def serve():
@@ -336,7 +336,7 @@ def serve():
         line, pending = pending.split(b"\n", 1)
         try:
           request = json.loads(line)
-          request["argv"], request["log"]  # pylint: disable=pointless-statement
+          request["argv"], request["log"]
         except (ValueError, KeyError, TypeError) as e:
           os.write(out, f"error: a bad request ({e})\n".encode())
           continue

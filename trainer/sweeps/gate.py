@@ -213,11 +213,11 @@ def install(prefix: str) -> bool:
 def main():
   """`python -m trainer.sweeps.gate PREFIX TRAINER_ARGS`: a cold trial, gated;
   otherwise `python -m trainer.main TRAINER_ARGS`."""
-  from trainer import interrupts  # pylint: disable=g-import-not-at-top
+  from trainer import interrupts
   interrupts.install()  # First, as trainer.main does: a signal is a clean stop.
   prefix, argv = sys.argv[1], sys.argv[2:]
   install(prefix)
-  from trainer import main as trainer_main  # pylint: disable=g-import-not-at-top
+  from trainer import main as trainer_main
   sys.argv = [trainer_main.__file__, *argv]  # As `python -m trainer.main`.
   trainer_main.run()
 

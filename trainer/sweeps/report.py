@@ -1,4 +1,5 @@
-"""What a sweep shows: the live table, results.csv/.md, the best trial, HParams config."""
+"""What a sweep shows: the live table, results.csv/.md, the best trial, HParams
+config."""
 
 import csv
 import io
@@ -118,7 +119,7 @@ def write_hparams_config(root: str, params: list, metrics: list):
       subdirectory.
   """
   tf = tf_loader.load_tensorflow()
-  from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
+  from tensorboard.plugins.hparams import api as hp
   hparams = [hp.HParam(p.name, _domain(hp, p)) for p in params]
   metrics = [hp.Metric(m.split("/", 1)[1], group=m.split("/", 1)[0], display_name=m)
              for m in metrics if "/" in m]
@@ -150,7 +151,7 @@ def write_trial_status(model_dir: str, status: str, *, step):
   if not os.path.isdir(model_dir) or status not in _SESSION_STATUS:
     return
   tf = tf_loader.load_tensorflow()
-  from tensorboard.plugins.hparams import api_pb2, summary  # pylint: disable=g-import-not-at-top
+  from tensorboard.plugins.hparams import api_pb2, summary
   code = api_pb2.Status.Value(_SESSION_STATUS[status])
   writer = tf.summary.create_file_writer(model_dir)
   with writer.as_default():

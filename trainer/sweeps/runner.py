@@ -329,7 +329,7 @@ class Sweep:
       return False
     run.status, run.error, run.returncode = "running", "", None
     run.started = time.monotonic()
-    log = open(run.log_path, "a")  # pylint: disable=consider-using-with
+    log = open(run.log_path, "a")
     log.write(f"# attempt {run.attempts}: {' '.join(run.command)}\n")
     log.flush()
     run.log_offset = os.path.getsize(run.log_path)
@@ -465,10 +465,12 @@ class Sweep:
         run_dir.write_json(os.path.join(run.model_dir, run_dir.RESULTS_FILE),
                            dict(results, status="pruned"))
     if run.status not in ("completed", "pruned"):
-      run.error = trial_run.last_error_line(run.log_path) or f"exit code {run.returncode}"
+      run.error = (trial_run.last_error_line(run.log_path) or
+                   f"exit code {run.returncode}")
     metric = self._ranking.get("metric")
     if run.status == "completed" and metric and metric not in run.metrics:
-      reported = sorted(k for k in run.metrics if "/" in k or k == "examples_per_second")
+      reported = sorted(k for k in run.metrics
+                        if "/" in k or k == "examples_per_second")
       self.bad_metric = (f"--metric={metric}: trial {run.name} completed without "
                          f"reporting it (it reports {', '.join(reported)})")
       self._request_stop(signal.SIGTERM, None)  # No trial can be ranked: stop.

@@ -24,7 +24,7 @@ _OPEN_ATTEMPTS = 5
 
 def load_optuna():
   """The optuna module, imported on first use (it is slow), its logging quiet."""
-  import optuna  # pylint: disable=g-import-not-at-top
+  import optuna
   optuna.logging.set_verbosity(optuna.logging.WARNING)
   return optuna
 
@@ -48,14 +48,14 @@ def open_storage(url, root: str):
   for attempt in range(_OPEN_ATTEMPTS):
     try:
       if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend  # pylint: disable=g-import-not-at-top
+        from optuna.storages.journal import JournalFileBackend
         return optuna.storages.JournalStorage(
             JournalFileBackend(url[len("journal:"):]))
       if "://" not in url:
         raise ValueError("not a database URL")
       kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
       return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:  # noqa: BLE001
       # SQLAlchemy, drivers and the file system each raise their own kinds.
       reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
       if _created_meanwhile(e) and attempt + 1 < _OPEN_ATTEMPTS:
@@ -101,11 +101,11 @@ def _missing_driver(url: str):
   """The module name of the database driver a storage URL needs and this Python
   lacks, or None."""
   try:
-    from sqlalchemy.engine import make_url  # pylint: disable=g-import-not-at-top
+    from sqlalchemy.engine import make_url
     make_url(url).get_dialect().import_dbapi()
   except ImportError as e:
     return (e.name or str(e)).split(".")[0]
-  except Exception:  # pylint: disable=broad-except
+  except Exception:  # noqa: BLE001
     return None  # Not a dialect SQLAlchemy knows: the generic line says so.
   return None
 
@@ -113,9 +113,9 @@ def _missing_driver(url: str):
 def _without_password(url: str) -> str:
   """A storage URL as an error line may show it: its password masked."""
   try:
-    from sqlalchemy.engine import make_url  # pylint: disable=g-import-not-at-top
+    from sqlalchemy.engine import make_url
     parsed = make_url(url)
-  except Exception:  # pylint: disable=broad-except
+  except Exception:  # noqa: BLE001
     return url  # journal:FILE, or not a URL at all.
   return parsed.render_as_string(hide_password=True) if parsed.password else url
 

@@ -23,7 +23,8 @@ def _sweep_runs(root: str, record: dict) -> list:
   runs = []
   for entry in entries:
     command = entry.get("command")
-    run = TrialRun(trial=Trial(name=entry["name"], values=as_object(entry.get("values"))),
+    trial = Trial(name=entry["name"], values=as_object(entry.get("values")))
+    run = TrialRun(trial=trial,
                    command=command if isinstance(command, list) else [],
                    model_dir=os.path.join(root, entry["name"]), log_path="",
                    status=str(entry.get("status", "unknown")),

@@ -44,7 +44,7 @@ def load_task_class(spec: str) -> type:
   try:
     with tf_loader.watch_start(f"importing {module_name}"):
       module = importlib.import_module(module_name)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:  # noqa: BLE001
     # Any error while importing the user's module is the user's to fix.
     raise ConfigError(f"--task={spec}: cannot import {module_name} "
                       f"({type(e).__name__}: {one_line(e)})") from None
@@ -148,6 +148,7 @@ def build_task(spec: str, params: dict) -> Task:
     raise ConfigError(f"--task={spec}: {one_line(e)}") from None
 
 
-__all__ = ["BUILTIN", "RunContext", "Task", "build_task", "hyperparameter", "check_param_names", "hyperparameters",
+__all__ = ["BUILTIN", "RunContext", "Task", "build_task", "check_param_names",
+           "hyperparameter", "hyperparameters",
            "layout_field_names", "load_task_class", "metric_goal", "param_choices",
            "param_defaults", "param_type", "task_params", "task_spec"]

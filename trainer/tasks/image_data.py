@@ -76,7 +76,7 @@ def _mnist(params, seed: int) -> Source:
   import keras
   try:
     (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
-  except Exception as e:  # Offline: the download fails with a network error.
+  except Exception as e:  # noqa: BLE001 (offline: any network error)
     raise DataError("--dataset=mnist: could not download MNIST "
                     f"({type(e).__name__}); pass --data_path=mnist.npz") from None
   return _checked("mnist", x_train, y_train, x_test, y_test)

@@ -37,7 +37,8 @@ def _cnn(inputs, head: Head):
                           kernel_regularizer=_regularizer(head))(x)
   x = keras.layers.MaxPooling2D(2)(x)
   x = keras.layers.Flatten()(x)
-  x = keras.layers.Dense(64, activation="relu", kernel_regularizer=_regularizer(head))(x)
+  x = keras.layers.Dense(64, activation="relu",
+                         kernel_regularizer=_regularizer(head))(x)
   return _head(x, head)
 
 

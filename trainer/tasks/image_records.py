@@ -98,7 +98,7 @@ def _first_example(paths, flag: str) -> tuple:
     except tf.errors.OpError as e:
       raise DataError(f"{flag}: {path}: record 0: "
                       f"{record_files.error_line(e)}") from None
-    except Exception as e:  # A protobuf DecodeError: not a tf.train.Example.
+    except Exception as e:  # noqa: BLE001 (protobuf's DecodeError: not an Example)
       raise DataError(f"{flag}: {path}: record 0 is not a tf.train.Example "
                       f"({type(e).__name__})") from None
   raise DataError(f"{flag}: the {len(paths)} file(s) hold no records")

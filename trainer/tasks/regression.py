@@ -28,7 +28,7 @@ class _Diabetes:
 
 def load_diabetes() -> _Diabetes:
   """The diabetes data set, split 353/89, targets standardised by the train split."""
-  from sklearn.datasets import load_diabetes as sklearn_diabetes  # pylint: disable=g-import-not-at-top
+  from sklearn.datasets import load_diabetes as sklearn_diabetes
   x, y = sklearn_diabetes(return_X_y=True)
   x, y = x.astype(np.float32), y.astype(np.float32)
   mean = float(y[:_TRAIN_EXAMPLES].mean())
@@ -57,7 +57,7 @@ class Regression(Task):
     return load_diabetes()
 
   def build_model(self):
-    import keras  # pylint: disable=g-import-not-at-top
+    import keras
     regularizer = keras.regularizers.L2(self.l2) if self.l2 else None
     model = keras.Sequential(name="regression")
     for _ in range(self.layers):
@@ -73,11 +73,11 @@ class Regression(Task):
     return self.data.x_test, self.data.y_test
 
   def loss(self, labels, outputs):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
     return tf.reduce_mean(tf.square(tf.cast(outputs, tf.float32) - labels), axis=-1)
 
   def metrics(self, labels, outputs):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
     error = (tf.cast(outputs, tf.float32) - labels) * self.data.std
     return {"mae": tf.reduce_mean(tf.abs(error), axis=-1),
             "mse": tf.reduce_mean(tf.square(error), axis=-1)}

@@ -108,7 +108,7 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
     ValueError: the trace holds no train_loop call, or `steps` < 1.
     OSError, google.protobuf.message.DecodeError: the file cannot be read.
   """
-  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2
   if steps < 1:
     raise ValueError(f"steps={steps}: must be >= 1")
   space = xplane_pb2.XSpace()

@@ -279,7 +279,8 @@ def _warm_start(trainer, init_checkpoint: str, console):
   trainer.reset_averages()  # Average from the warm weights, not the random ones.
   console.say(f"warm start from {path}: restored {len(restored)} of "
               f"{len(restored) + len(skipped)} model weights" +
-              ("; not restored: " + ", ".join(f"{name} ({why})" for name, why in skipped)
+              ("; not restored: " + ", ".join(f"{name} ({why})"
+                                              for name, why in skipped)
                if skipped else ""))
 
 

@@ -57,7 +57,7 @@ def default_limit(call_seconds: list) -> float:
 def thread_stacks() -> str:
   """Every Python thread's current stack, main thread first."""
   names = {t.ident: t.name for t in threading.enumerate()}
-  frames = sorted(sys._current_frames().items(),  # pylint: disable=protected-access
+  frames = sorted(sys._current_frames().items(),
                   key=lambda item: item[0] != threading.main_thread().ident)
   return "\n".join(f"Thread {names.get(ident, ident)}:\n" +
                    "".join(traceback.format_stack(frame))
@@ -220,10 +220,10 @@ class HangWatchdog:
         self._on_hang(self._last_step)
       finally:
         # A full pipe nobody reads would block the write: exit 7 regardless.
-        timer = threading.Timer(_STDERR_SECONDS, os._exit, [int(ExitCode.HUNG)])  # pylint: disable=protected-access
+        timer = threading.Timer(_STDERR_SECONDS, os._exit, [int(ExitCode.HUNG)])
         timer.daemon = True
         timer.start()
         self._out.write(f"error: {headline} (stacks: {where})\n{stacks}")
         self._out.flush()
     finally:
-      os._exit(int(ExitCode.HUNG))  # pylint: disable=protected-access
+      os._exit(int(ExitCode.HUNG))
