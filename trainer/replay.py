@@ -12,7 +12,7 @@ import os
 import sys
 
 from trainer import argparsing, tf_loader
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, one_line
 
 
 def main(argv=None) -> int:
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     report = divergence.replay_run(args.model_dir, args.step, dump=args.dump,
                                    cpu_devices=args.cpu_devices)
   except TrainerError as e:
-    print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+    print(f"error: {one_line(e, limit=None)}", file=sys.stderr, flush=True)
     return int(e.exit_code)
   print(divergence.format_report(report), flush=True)
   if args.dump:

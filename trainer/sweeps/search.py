@@ -12,7 +12,7 @@ import contextlib
 import os
 import time
 
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, one_line
 from trainer.sweeps.spec import Param, trial_name
 
 SAMPLERS = ("grid", "random", "tpe")
@@ -57,7 +57,7 @@ def open_storage(url, root: str):
       return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
     except Exception as e:  # noqa: BLE001
       # SQLAlchemy, drivers and the file system each raise their own kinds.
-      reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      reason = one_line(e) or type(e).__name__
       if _created_meanwhile(e) and attempt + 1 < _OPEN_ATTEMPTS:
         time.sleep(0.5)  # Another sweep process created the tables meanwhile.
         continue

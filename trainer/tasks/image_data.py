@@ -8,7 +8,7 @@ from typing import Callable, Dict
 
 import numpy as np
 
-from trainer.errors import DataError
+from trainer.errors import DataError, one_line
 
 MAX_CLASSES = 100_000  # Labels beyond this are a mistake, not a data set.
 
@@ -90,7 +90,7 @@ def _npz(params, seed: int) -> Source:
     loaded = np.load(path, allow_pickle=False)
   except (OSError, ValueError, EOFError) as e:
     raise DataError(f"--data_path={path}: not a readable .npz "
-                    f"({type(e).__name__}: {str(e)[:120]})") from None
+                    f"({type(e).__name__}: {one_line(e)})") from None
   if not isinstance(loaded, np.lib.npyio.NpzFile):
     raise DataError(f"--data_path={path}: a single .npy array, not an .npz archive "
                     "of x_train, y_train, x_test, y_test")
@@ -104,7 +104,7 @@ def _npz(params, seed: int) -> Source:
       arrays = [data[k] for k in ("x_train", "y_train", "x_test", "y_test")]
   except (OSError, ValueError, EOFError) as e:
     raise DataError(f"--data_path={path}: not a readable .npz "
-                    f"({type(e).__name__}: {str(e)[:120]})") from None
+                    f"({type(e).__name__}: {one_line(e)})") from None
   return _checked(path, *arrays)
 
 

@@ -34,7 +34,7 @@ import traceback
 import tensorflow as tf
 
 from trainer.config import HANG_TIMEOUT_FLOOR_SECONDS
-from trainer.errors import ExitCode
+from trainer.errors import ExitCode, one_line
 
 DEFAULT_CALL_MULTIPLE = 20  # --hang_timeout unset: 20 median loop calls or more.
 _CALLS_KEPT = 200  # The median of the recent loop calls sets the default limit.
@@ -75,11 +75,9 @@ def _gist(message: str) -> str:
   """The line of a TensorFlow error that says what happened (not "Graph
   execution error:" or a node's traceback)."""
   lines = [line.strip() for line in message.splitlines() if line.strip()]
-  for line in lines:
-    if ("unhealthy" in line or "timed out" in line.lower() or
-        "Error reported from" in line):
-      return line[:300]
-  return (lines[-1] if lines else "no message")[:300]
+  telling = [line for line in lines if "unhealthy" in line or
+             "timed out" in line.lower() or "Error reported from" in line]
+  return one_line((telling or lines[-1:] or ["no message"])[0])
 
 
 class HangWatchdog:
