@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from trainer.config import OptimizationConfig
 from trainer.training import schedules
-from trainer.training.steps import UpdateRule
+from trainer.training.train_loop import UpdateRule
 
 
 def build_optimizer(optimization: OptimizationConfig,

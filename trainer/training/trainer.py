@@ -16,6 +16,7 @@ from trainer.tasks import Task
 from trainer.tasks.base import METRIC_NAME
 from trainer.training import ledger, optimizers, steps
 from trainer.training.checkpoint_files import model_variables, rng_states
+from trainer.training.train_loop import TrainLoop, UpdateRule
 
 _RESERVED = ("loss", "examples")
 
@@ -41,7 +42,7 @@ class Trainer:
     order: the training data's order (seed, shuffle, buffer, global batch).
     train_ledger, eval_ledger: batches and examples per replica.
     train_totals, eval_totals: a loop call's summed loss and metrics.
-    train_loop: `(iterator, num_steps) -> outputs` (steps.make_train_loop).
+    train_loop: `(iterator, num_steps) -> outputs` (train_loop.TrainLoop).
     diagnose_step: one train step with its gradients (divergence.py).
     eval_loop: `(iterator, num_steps)`.
     gather: data.GatherInput when the replicas gather arrays in-graph (the loops
@@ -53,7 +54,7 @@ class Trainer:
   model: keras.Model
   optimizer: keras.optimizers.Optimizer
   global_step: tf.Variable
-  rule: steps.UpdateRule
+  rule: UpdateRule
   eval_with_ema: bool
   metric_names: tuple
   reported_metrics: tuple
@@ -123,7 +124,7 @@ class Trainer:
     gather_input = train_data.gather_input(
         strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,
         preprocess=task.preprocess) if gather else None
-    train_loop, diagnose_step = steps.make_train_loop(
+    train = TrainLoop(
         strategy=strategy, task=task, model=model, optimizer=optimizer,
         global_step=global_step, ledger=ledgers[0], totals=totals[0],
         per_replica_batch_size=per_replica_batch_size,
@@ -139,8 +140,8 @@ class Trainer:
                base_learning_rate=optimizers.learning_rate(optimizer),
                per_replica_batch_size=per_replica_batch_size, order=order,
                train_ledger=ledgers[0], eval_ledger=ledgers[1],
-               train_totals=totals[0], eval_totals=totals[1], train_loop=train_loop,
-               diagnose_step=diagnose_step, eval_loop=eval_loop, gather=gather_input,
+               train_totals=totals[0], eval_totals=totals[1], train_loop=train.loop,
+               diagnose_step=train.diagnose, eval_loop=eval_loop, gather=gather_input,
                _stop_vote=steps.make_stop_vote(strategy))
 
   @property

@@ -1,0 +1,259 @@
+"""The compiled train loop: K steps per call (K a tensor, so changing K never
+retraces), each one update of the model.
+
+One (micro-)step is one `next(iterator)` on the distributed iterator (or, for
+arrays, one in-graph gather per replica: data.GatherInput) and one `strategy.run`:
+every replica gets exactly one batch, asserted in-graph and counted by the ledger.
+Gradients come back from the replicas unreduced; the outer function all-reduces
+them once (`batch_reduce_to`, SUM, which equals single-device gradients because
+the loss is averaged over the global batch), sums duplicate rows of sparse ones,
+takes their global norm, clips, sets the scheduled rate and applies them. The
+parts of a step run in name scopes that a profiler trace is broken down by
+(trainer.training.profile).
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from trainer.training import profile
+from trainer.training.steps import (check_batch, float32_outputs, loss_scale,
+                                    per_example)
+
+_SUM = tf.distribute.ReduceOp.SUM
+
+
+@tf.autograph.experimental.do_not_convert
+def _norm(tensor):
+  """The L2 norm as float32, computed without overflowing where the values are
+  finite: max|x| * ||x / max|x|||."""
+  tensor = tf.cast(tensor, tf.float32)
+  largest = tf.reduce_max(tf.abs(tensor))
+  scaled = tf.math.divide_no_nan(tensor, largest)
+  return largest * tf.norm(scaled)
+
+
+@tf.autograph.experimental.do_not_convert
+def _dense_semantics(strategy, gradient):
+  """An all-reduced gradient whose update is the dense one, on any replica count.
+
+  A sparse gradient (an Embedding's `tf.IndexedSlices`) holds one slice per
+  lookup, so a row looked up twice appears twice; on several replicas the
+  all-reduce concatenates the replicas' slices. Keras's optimizers square or take
+  the sign of each slice before summing duplicates, which is not the update of
+  the summed (dense) gradient, and differs with the replica count. Summing
+  duplicate rows first makes every optimizer apply its dense definition, while the
+  gradient stays sparse: one slice per distinct row, not a vocabulary-sized
+  tensor. Dense gradients pass through untouched.
+  """
+  if isinstance(gradient, tf.distribute.DistributedValues):
+    local = strategy.experimental_local_results(gradient)[0]
+    if not isinstance(local, tf.IndexedSlices):
+      return gradient
+    gradient = local
+  if not isinstance(gradient, tf.IndexedSlices):
+    return gradient
+  rows, position = tf.unique(gradient.indices)
+  values = tf.math.unsorted_segment_sum(gradient.values, position, tf.size(rows))
+  return tf.IndexedSlices(values, rows, gradient.dense_shape)
+
+
+@tf.autograph.experimental.do_not_convert
+def _dense(gradient):
+  """A gradient as a dense tensor (a sparse one's rows scattered into zeros)."""
+  return tf.convert_to_tensor(gradient)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateRule:
+  """How a step's gradients become an update; the defaults are the plain step.
+
+  Attributes:
+    accum_steps: micro-batches per update (--grad_accum_steps): each is one
+      next() and one strategy.run, so the ledger counts micro-batches.
+    clip_norm: clip the all-reduced gradients to this global norm (0 = off).
+    rate_variable: the optimizer's learning-rate variable, set before each update
+      to rate_base * rate_factor(step); None leaves the optimizer's own rate.
+    rate_base: a variable: --learning_rate times the rollbacks' multiplier.
+    rate_factor: `step -> factor` (schedules.rate_factor).
+    ema_decay: decay of the weights' moving average (0 = off).
+    ema_variables: the averages, one per trainable variable.
+  """
+  accum_steps: int = 1
+  clip_norm: float = 0.0
+  rate_variable: object = None
+  rate_base: object = None
+  rate_factor: object = None
+  ema_decay: float = 0.0
+  ema_variables: tuple = ()
+
+
+class TrainLoop:
+  """`loop(iterator, num_steps) -> dict of tensors`, and `diagnose(iterator)`, which
+  runs one step exactly as the loop does and returns what a divergence report
+  needs.
+
+  The loop's dict holds everything the host needs after a call, reduced in-graph,
+  so one call costs one dispatch and no eager ops (which cost ~0.1 ms each, many
+  per call): "loss" (sum of the steps' losses), "examples" and each task metric
+  (sums over the call's examples), "ledger_batches" and "ledger_examples" (per
+  replica, this call), "gradient_norm" (of the last step, before clipping),
+  "clipped" (steps whose norm was clipped), "all_finite" (every step's loss and
+  gradients), "step" and "learning_rate" (the rate of the call's last step).
+
+  `diagnose` returns "loss" (of the step), "gradient_norm", "gradient_norms" (per
+  variable, before clipping) and "gradients" (all-reduced and dense, still scaled
+  by a loss scale), and applies the update like a step of the loop.
+  """
+
+  def __init__(self, *, strategy, task, model, optimizer, global_step, ledger,
+               totals, per_replica_batch_size, global_batch_size,
+               jit_compile=False, rule: UpdateRule = UpdateRule(), gather=None):
+    """Builds the loop's tf.functions (traced at their first call).
+
+    Args:
+      strategy: the tf.distribute strategy the variables live under.
+      task: the Task: its loss and metrics, on (labels, outputs).
+      model: the task's Keras model.
+      optimizer: a Keras optimizer built on `model.trainable_variables`.
+      global_step: int64 variable, incremented once per update.
+      ledger: a ReplicaLedger for training (micro-)batches.
+      totals: Totals of "loss", "examples" and the task's metric names.
+      per_replica_batch_size: examples each replica must receive per micro-step.
+      global_batch_size: examples per micro-step over all replicas.
+      jit_compile: compile the replica's forward and backward pass with XLA.
+      rule: accumulation, clipping, the learning-rate schedule and EMA.
+      gather: a data.GatherInput: each replica gathers its batch in-graph from the
+        global step (the loops' `iterator` is then None), instead of next().
+    """
+    self._strategy, self._task, self._model = strategy, task, model
+    self._optimizer, self._global_step = optimizer, global_step
+    self._ledger, self._totals = ledger, totals
+    self._per_replica_batch_size = per_replica_batch_size
+    self._rule, self._gather = rule, gather
+    self._variables = model.trainable_variables
+    # The loss of an update averages over all its micro-batches, so N accumulated
+    # micro-batches of B give the gradients of one batch of N * B.
+    self._update_batch_size = global_batch_size * rule.accum_steps
+    self._forward_backward = (tf.function(self._forward_backward_fn,
+                                          jit_compile=True)
+                              if jit_compile else self._forward_backward_fn)
+    self.loop = tf.function(self._loop)
+    self.diagnose = tf.function(self._diagnose)
+
+  def _forward_backward_fn(self, features, labels):
+    model, task, rule = self._model, self._task, self._rule
+    with tf.GradientTape() as tape:
+      outputs = float32_outputs(model(features, training=True))
+      loss = tf.nn.compute_average_loss(per_example(task.loss(labels, outputs)),
+                                        global_batch_size=self._update_batch_size)
+      if model.losses:
+        loss += tf.nn.scale_regularization_loss(
+            tf.cast(tf.add_n(model.losses), tf.float32)) / rule.accum_steps
+      scaled_loss = self._optimizer.scale_loss(loss)
+    gradients = tape.gradient(scaled_loss, self._variables)
+    metrics = {name: tf.reduce_sum(per_example(values))
+               for name, values in task.metrics(labels, outputs).items()}
+    return gradients, loss, metrics
+
+  def _replica_step(self, features, labels):
+    batch_size = check_batch(features, self._per_replica_batch_size)
+    self._ledger.record(batch_size)
+    # Around the call, so that under --jit_compile the compiled op is in it too.
+    with tf.name_scope(profile.FORWARD_BACKWARD):
+      gradients, loss, metrics = self._forward_backward(features, labels)
+    self._totals.add(dict(metrics, loss=loss, examples=batch_size))
+    return gradients
+
+  def _gathered_replica_step(self, micro_step_index, arrays):
+    with tf.name_scope(profile.INPUT):
+      batch = self._gather.replica_batch(micro_step_index, arrays)
+    return self._replica_step(*batch)
+
+  def _micro_step(self, iterator, index):
+    """One next() (or one in-graph gather per replica, at micro-step `index`) and
+    one strategy.run: the all-reduced gradients of a batch."""
+    strategy = self._strategy
+    if self._gather is None:
+      with tf.name_scope(profile.INPUT):
+        features, labels = next(iterator)
+      per_replica = strategy.run(self._replica_step, args=(features, labels))
+    else:
+      per_replica = strategy.run(self._gathered_replica_step,
+                                 args=(index, self._gather.arrays))
+    with tf.name_scope(profile.ALL_REDUCE):
+      reduced = strategy.extended.batch_reduce_to(
+          _SUM, [(g, v.value) for g, v in zip(per_replica, self._variables)])
+      return [_dense_semantics(strategy, g) for g in reduced]
+
+  def _gradients(self, iterator):
+    """The all-reduced gradients of one update: its micro-steps' sum."""
+    rule = self._rule
+    first = (None if self._gather is None else
+             self._global_step.read_value() * rule.accum_steps)
+    gradients = self._micro_step(iterator, first)
+    if rule.accum_steps > 1:
+      # A loop variable keeps its shape: sparse gradients are summed densely.
+      gradients = [_dense(g) for g in gradients]
+      for micro in tf.range(1, rule.accum_steps, dtype=tf.int64):
+        index = None if self._gather is None else first + micro
+        gradients = [a + _dense(b)
+                     for a, b in zip(gradients, self._micro_step(iterator, index))]
+    return gradients
+
+  def _step(self, iterator, diagnosis=None):
+    """One update; fills `diagnosis` (a dict) with its gradients when given.
+    Returns the gradients' global norm (before clipping) and whether it clipped."""
+    rule, optimizer = self._rule, self._optimizer
+    gradients = self._gradients(iterator)
+    norm = tf.linalg.global_norm(gradients)
+    scale = loss_scale(optimizer)
+    scale = tf.constant(1.0) if scale is None else tf.cast(scale, norm.dtype)
+    norm = norm / scale
+    if diagnosis is not None:
+      diagnosis["gradients"] = [_dense(g) for g in gradients]
+      diagnosis["gradient_norms"] = [_norm(g) / scale
+                                     for g in diagnosis["gradients"]]
+      diagnosis["gradients_finite"] = [tf.reduce_all(tf.math.is_finite(g))
+                                       for g in diagnosis["gradients"]]
+    clipped = tf.constant(False)
+    if rule.clip_norm:
+      clipped = norm > rule.clip_norm
+      gradients, _ = tf.clip_by_global_norm(gradients, rule.clip_norm * scale,
+                                            use_norm=norm * scale)
+    if rule.rate_variable is not None:
+      rule.rate_variable.assign(rule.rate_base * rule.rate_factor(self._global_step))
+    with tf.name_scope(profile.OPTIMIZER):
+      optimizer.apply(gradients, self._variables)
+    for average, variable in zip(rule.ema_variables, self._variables):
+      average.assign(rule.ema_decay * average + (1.0 - rule.ema_decay) * variable)
+    self._global_step.assign_add(1)
+    return norm, clipped
+
+  def _loop(self, iterator, num_steps):
+    strategy, totals, ledger = self._strategy, self._totals, self._ledger
+    strategy.run(totals.reset)
+    strategy.run(ledger.reset)
+    norm, all_finite = tf.constant(0.0), tf.constant(True)
+    clipped = tf.constant(0)
+    for _ in tf.range(num_steps):
+      norm, step_clipped = self._step(iterator)
+      all_finite = tf.logical_and(all_finite, tf.math.is_finite(norm))
+      clipped += tf.cast(step_clipped, tf.int32)
+    outputs = dict(totals.values(), gradient_norm=norm,
+                   step=self._global_step.read_value(),
+                   learning_rate=tf.cast(self._optimizer.learning_rate, tf.float32),
+                   ledger_batches=ledger.batches.read_value(),
+                   ledger_examples=ledger.examples.read_value(), clipped=clipped)
+    # A NaN loss with finite gradients is possible (e.g. inf logits): check both.
+    outputs["all_finite"] = tf.logical_and(all_finite,
+                                           tf.math.is_finite(outputs["loss"]))
+    return outputs
+
+  def _diagnose(self, iterator):
+    self._strategy.run(self._totals.reset)
+    self._strategy.run(self._ledger.reset)
+    diagnosis = {}
+    norm, _ = self._step(iterator, diagnosis)
+    return dict(diagnosis, loss=self._totals.values()["loss"], gradient_norm=norm,
+                step=self._global_step.read_value())
