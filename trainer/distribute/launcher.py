@@ -140,38 +140,11 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
     env = dict(os.environ, TF_CONFIG=tf_config(ports, index), PYTHONUNBUFFERED="1")
     workers.append(_Worker(index, command, env, out, out_lock, exits))
     say(f"started {workers[-1].name} (pid {workers[-1].process.pid})")
-
-  interrupted = []  # Times at which the launcher was asked to stop.
-
-  def forward(signum, frame):
-    del frame
-    if interrupted:  # A second signal: do not wait for a graceful stop.
-      for worker in workers:
-        worker.signal(signal.SIGKILL)
-    interrupted.append(time.monotonic())
-    say(f"{signal.Signals(signum).name}: asking every worker to save and stop")
-    for worker in workers:
-      worker.signal(signal.SIGTERM)
-
-  previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-  failed, ended = None, set()
+  interrupt = _Interrupt(workers, say)
+  previous = {s: signal.signal(s, interrupt.forward)
+              for s in (signal.SIGINT, signal.SIGTERM)}
   try:
-    while len(ended) < len(workers):
-      try:
-        worker = exits.get(timeout=_POLL_SECONDS)
-      except queue.Empty:
-        # Workers agree on a step to stop at and exit together; give them time.
-        if interrupted and time.monotonic() - interrupted[0] > grace_seconds + 60:
-          _kill_running(workers, say, "did not stop after the interrupt")
-        continue
-      ended.add(worker)
-      if not interrupted and worker.process.returncode != 0:
-        failed = _first_to_die(worker, workers, ended, exits)
-        say(f"{failed.name} (pid {failed.process.pid}) failed: "
-            f"{describe_exit(failed.process.returncode)}; stopping the other workers")
-        _kill_stopped(workers, say)
-        _stop(workers, grace_seconds, say)
-        break
+    failed = _wait(workers, exits, interrupt, grace_seconds, say)
   finally:
     for sig, old in previous.items():
       signal.signal(sig, old)
@@ -181,6 +154,48 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
       worker.finish_streaming()
   code = (failed or workers[0]).process.returncode
   return shell_code(code)
+
+
+class _Interrupt:
+  """SIGINT/SIGTERM to the launcher, passed to every worker (a second one kills)."""
+
+  def __init__(self, workers, say):
+    self._workers, self._say = workers, say
+    self.since = None  # When the launcher was first asked to stop.
+
+  def forward(self, signum, frame):
+    del frame
+    if self.since is not None:  # A second signal: do not wait for a clean stop.
+      for worker in self._workers:
+        worker.signal(signal.SIGKILL)
+    self.since = self.since or time.monotonic()
+    self._say(f"{signal.Signals(signum).name}: asking every worker to save and stop")
+    for worker in self._workers:
+      worker.signal(signal.SIGTERM)
+
+
+def _wait(workers, exits: queue.Queue, interrupt: _Interrupt, grace_seconds: float,
+          say):
+  """Waits for every worker to end; when one fails (not after an interrupt),
+  names the first to die and stops the others. Returns that worker, or None."""
+  ended = set()
+  while len(ended) < len(workers):
+    try:
+      worker = exits.get(timeout=_POLL_SECONDS)
+    except queue.Empty:
+      # Workers agree on a step to stop at and exit together; give them time.
+      if interrupt.since and time.monotonic() - interrupt.since > grace_seconds + 60:
+        _kill_running(workers, say, "did not stop after the interrupt")
+      continue
+    ended.add(worker)
+    if interrupt.since is None and worker.process.returncode != 0:
+      failed = _first_to_die(worker, workers, ended, exits)
+      say(f"{failed.name} (pid {failed.process.pid}) failed: "
+          f"{describe_exit(failed.process.returncode)}; stopping the other workers")
+      _kill_stopped(workers, say)
+      _stop(workers, grace_seconds, say)
+      return failed
+  return None
 
 
 def _first_to_die(failed, workers, ended: set, exits: queue.Queue):

@@ -87,6 +87,30 @@ def _self_times(plane):
       yield outer_name, outer_start, own, line.name
 
 
+def _sum_self_times(host, in_a_call) -> tuple:
+  """({category: op time}, {category: op count}, executor time, other time) of the
+  events on the host's executor and tf.data threads inside loop calls."""
+  op_ps = dict.fromkeys(CATEGORIES, 0)
+  op_counts = dict.fromkeys(CATEGORIES, 0)
+  executor_ps = other_ps = 0
+  for plane in host:
+    for name, start, own, line in _self_times(plane):
+      if not line.startswith("tf_") or not in_a_call(start):
+        continue
+      if line.startswith("tf_data"):  # tf.data's threads: its pipeline's ops.
+        if is_op(name):
+          op_ps[INPUT_PART] += own
+          op_counts[INPUT_PART] += 1
+      elif is_op(name):
+        op_ps[categorize(name)] += own
+        op_counts[categorize(name)] += 1
+      elif name.startswith(EXECUTOR):
+        executor_ps += own
+      else:
+        other_ps += own
+  return op_ps, op_counts, executor_ps, other_ps
+
+
 def step_breakdown(trace_path: str, *, steps: int) -> dict:
   """Per-step times of the train loop calls recorded in an XPlane trace.
 
@@ -126,24 +150,7 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
     i = bisect.bisect_right(call_starts, time_ps) - 1
     return i >= 0 and time_ps < calls[i][0] + calls[i][1]
 
-  op_ps = dict.fromkeys(CATEGORIES, 0)
-  op_counts = dict.fromkeys(CATEGORIES, 0)
-  executor_ps = other_ps = 0
-  for plane in host:
-    for name, start, own, line in _self_times(plane):
-      if not line.startswith("tf_") or not in_a_call(start):
-        continue
-      if line.startswith("tf_data"):  # tf.data's threads: its pipeline's ops.
-        if is_op(name):
-          op_ps[INPUT_PART] += own
-          op_counts[INPUT_PART] += 1
-      elif is_op(name):
-        op_ps[categorize(name)] += own
-        op_counts[categorize(name)] += 1
-      elif name.startswith(EXECUTOR):
-        executor_ps += own
-      else:
-        other_ps += own
+  op_ps, op_counts, executor_ps, other_ps = _sum_self_times(host, in_a_call)
   total = sum(op_ps.values()) or 1
   per_step_ms = lambda ps: round(ps / 1e9 / steps, 4)
   gaps = [b[0] - (a[0] + a[1]) for a, b in zip(calls, calls[1:])]

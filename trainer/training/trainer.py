@@ -94,20 +94,14 @@ class Trainer:
     Raises:
       TaskError: the task's model, loss or metrics do not fit the framework.
     """
-    num_replicas = strategy.num_replicas_in_sync
     previous_policy = keras.mixed_precision.global_policy()
     if optimization.mixed_precision != "none":
       keras.mixed_precision.set_global_policy(optimization.mixed_precision)
     try:
       with strategy.scope():
         keras.utils.set_random_seed(seed)
-        with user_code("Task.build_model"):
-          model = task.build_model()
-        if not isinstance(model, keras.Model):
-          raise TaskError(f"Task.build_model() must return a keras.Model, got "
-                          f"{type(model).__name__}")
-        metric_names, reported = _probe(task, model, train_data,
-                                        min(per_replica_batch_size, 8))
+        model, metric_names, reported = _model(task, train_data,
+                                               min(per_replica_batch_size, 8))
         with user_code("Task.build_optimizer"):
           optimizer = optimizers.build_optimizer(optimization, task)
         optimizer.build(model.trainable_variables)
@@ -116,8 +110,8 @@ class Trainer:
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                   name="global_step",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        ledgers = [ledger.ReplicaLedger(num_replicas=num_replicas, name=name)
-                   for name in ("train", "eval")]
+        ledgers = [ledger.ReplicaLedger(num_replicas=strategy.num_replicas_in_sync,
+                                        name=name) for name in ("train", "eval")]
         totals = [ledger.Totals("loss", "examples", *metric_names) for _ in "te"]
     finally:
       keras.mixed_precision.set_global_policy(previous_policy)
@@ -279,6 +273,22 @@ class Trainer:
     examples = totals.pop("examples")
     means = self.task.finalize_metrics({k: v / examples for k, v in totals.items()})
     return dict(means, examples=int(round(examples)))
+
+
+def _model(task: Task, train_data: TaskData, probe_size: int) -> tuple:
+  """(the task's model, its metric names, its reported names), the model built
+  and probed on a few training examples.
+
+  Raises:
+    TaskError: build_model's result is not a Keras model; the loss or metrics do
+      not fit (see _probe).
+  """
+  with user_code("Task.build_model"):
+    model = task.build_model()
+  if not isinstance(model, keras.Model):
+    raise TaskError(f"Task.build_model() must return a keras.Model, got "
+                    f"{type(model).__name__}")
+  return (model, *_probe(task, model, train_data, probe_size))
 
 
 def _probe(task: Task, model, train_data: TaskData, size: int) -> tuple:
