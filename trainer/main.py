@@ -5,6 +5,7 @@ line on stderr and an exit code (see trainer/errors.py and the README), never a
 traceback.
 """
 
+import functools
 import os
 import sys
 import traceback
@@ -33,7 +34,7 @@ def _fail(message, code):
   sys.exit(int(code))
 
 
-def main(argv):
+def main(argv, actions=()):
   logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     _fail(f"error: unexpected arguments {' '.join(argv[1:])!r}; flags look like "
@@ -43,7 +44,7 @@ def main(argv):
     tf_loader.load_tensorflow()  # After flag checks, so flag errors come fast.
     interrupts.refresh()  # TensorFlow's import may have replaced the handlers.
     import trainer  # After TensorFlow's quiet import.
-    results = trainer.train(config)
+    results = trainer.train(config, actions=actions)
   except UserCodeError as e:
     # The user's own code raised: its traceback, then the line naming it.
     cause = e.__cause__
@@ -68,10 +69,15 @@ def _user_frames(tb):
   return tb
 
 
-def run():
-  """Console-script entry point (`trainer ...`)."""
+def run(actions=()):
+  """Console-script entry point (`trainer ...`).
+
+  Args:
+    actions: actions of the process that runs the command line (a sweep's trial
+      adds its pruning gate), after the task's own.
+  """
   interrupts.install()  # First: a signal at any later moment is a clean stop.
-  app.run(main, flags_parser=_parse_flags)
+  app.run(functools.partial(main, actions=actions), flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":
