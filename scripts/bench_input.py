@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmarks TFRecord input against in-memory arrays, and what a resume costs.
 
-  python scripts/bench_input.py            # the README's "TFRecord input" numbers
+  python scripts/bench_input.py            # docs/data.md's TFRecord numbers
   python scripts/bench_input.py --json=input.json
 
 On digits written by scripts/make_tfrecords.py (PNG, 8 shards) and synthetic 28x28

@@ -186,7 +186,7 @@ def _fmt(value, spec=",.0f"):
 
 
 def render(report: dict) -> str:
-  """The report as the plain-text tables the README shows."""
+  """The report as the plain-text tables docs/performance.md shows."""
   m = report["machine"]
   lines = [f"machine: {m['cpu']}, {m['cores']} cores; TensorFlow {m['tensorflow']}, "
            f"Keras {m['keras']}, Python {m['python']}",
@@ -258,7 +258,7 @@ def main(argv=None):
     args.steps_per_loop, args.windows, args.repeats = 5, 2, 1
   variants = args.variants.split(",")
   if "orbit" in variants and importlib.util.find_spec("orbit") is None:
-    variants.remove("orbit")  # Optional: its install line is in the README.
+    variants.remove("orbit")  # Optional: its install line is in docs/performance.md.
     print(f"orbit: not installed, skipped ({ORBIT_INSTALL})", file=sys.stderr)
   unknown = sorted(set(variants) - set(VARIANTS))
   if unknown:

@@ -7,7 +7,7 @@
 
 Writes OUT/train-00000-of-00008.tfrecord ... and OUT/test-*-of-00008.tfrecord (the
 same number of shards each, examples in their order, split into contiguous runs)
-in the record layout of trainer/tasks/image_records.py (see the README), and
+in the record layout of trainer/tasks/image_records.py (see docs/data.md), and
 OUT/dataset.json: records per file, num_classes and scale, which the trainer reads
 instead of counting the records at start. --index writes only dataset.json, for
 shards made elsewhere.

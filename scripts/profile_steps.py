@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where a train step's time goes: TensorFlow profiler traces, broken down.
 
-  python scripts/profile_steps.py                      # the README's table (~1 min)
+  python scripts/profile_steps.py         # docs/performance.md's table (~1 min)
   python scripts/profile_steps.py --replicas=2 --array_input=gather --json=p.json
 
 Each configuration is one `python -m trainer.main` run of the benchmark's config

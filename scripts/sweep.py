@@ -5,7 +5,7 @@
       --grid=learning_rate=0.01,0.003,0.001 --grid=per_replica_batch_size=16,32 \
       --parallel=2
 
-See the README's "Sweeps" section and `python scripts/sweep.py --help`.
+See docs/sweeps.md and `python scripts/sweep.py --help`.
 """
 
 import sys

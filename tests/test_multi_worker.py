@@ -238,7 +238,7 @@ def test_multi_worker_needs_tf_config_and_model_dir(tmp_path):
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
       "error: --strategy=multi_worker needs TF_CONFIG (or --cluster_resolver=slurm); "
-      "see README 'Scaling out'"]
+      "see docs/scaling.md"]
   result = run_cli("--strategy=multi_worker")
   assert result.returncode == 2
   assert "needs --model_dir" in result.stderr

@@ -203,7 +203,7 @@ def _check_tf_config():
   raw = os.environ.get("TF_CONFIG")
   if not raw:
     raise ConfigError("--strategy=multi_worker needs TF_CONFIG (or "
-                      "--cluster_resolver=slurm); see README 'Scaling out'")
+                      "--cluster_resolver=slurm); see docs/scaling.md")
   try:
     tf_config = json.loads(raw)
     cluster, task = tf_config["cluster"], tf_config["task"]

@@ -1,7 +1,7 @@
 """Warm trial processes: a server that imports TensorFlow once and forks each trial.
 
 A short trial spends most of its time starting: Python, TensorFlow and Keras
-imports are about half of it (see the README's Sweeps section). The fork server
+imports are about half of it (see docs/sweeps.md). The fork server
 is a process of the sweep that does those imports once, then forks one child per
 trial; the child is a fresh `python -m trainer.main` run in all but the imports.
 It runs the same argv as the cold command, so a trial's results do not depend on

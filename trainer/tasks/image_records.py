@@ -1,6 +1,6 @@
 """--dataset=tfrecord: images and labels in tf.train.Example records.
 
-The record layout (written by scripts/make_tfrecords.py, documented in the README):
+The record layout (written by scripts/make_tfrecords.py, documented in docs/data.md):
 
   image/encoded      bytes   a PNG or JPEG image, or the raw array's bytes (C order)
   image/format       bytes   "png", "jpeg" or "raw"
@@ -115,7 +115,7 @@ def read_layout(paths, *, flag: str) -> Layout:
   where = f"{flag}: {path}: record 0"
   for key in (ENCODED, LABEL):
     if key not in feature:
-      raise DataError(f"{where}: has no {key} feature (see the README's record "
+      raise DataError(f"{where}: has no {key} feature (see docs/data.md's record "
                       "layout)")
   image_format = (feature[FORMAT].bytes_list.value[0].decode() if FORMAT in feature
                   and feature[FORMAT].bytes_list.value else "png")
