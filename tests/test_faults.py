@@ -2,12 +2,14 @@
 resume flags, rollbacks, results across invocations, bad input, signals at every
 phase, leftovers, and SIGKILLs at random moments."""
 
+import contextlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -351,6 +353,24 @@ def _read_until(process, marker):
     if marker in line:
       return "".join(output)
   raise AssertionError(f"no {marker!r}:\n" + "".join(output))
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_signals_until_the_process_is_gone_change_nothing(model_dir, signal_number):
+  """After the first signal's checkpoint, more signals, up to the process's very
+  end (Python's shutdown restores the default handlers), still exit 4."""
+  process = _start(f"--model_dir={model_dir}", "--model=mlp", "--train_steps=100000",
+                   "--checkpoint_every=1000")
+  _read_until(process, "step ")  # Training.
+  process.send_signal(signal_number)
+  reader = threading.Thread(target=process.communicate, daemon=True)
+  reader.start()  # Drains the output while the signals go on.
+  while process.poll() is None:
+    with contextlib.suppress(ProcessLookupError):
+      process.send_signal(signal_number)
+    time.sleep(0.01)
+  assert process.returncode == 4
+  assert read_results(model_dir)["status"] == "interrupted"
 
 
 def test_sigterm_during_set_up_is_a_clean_stop(model_dir):

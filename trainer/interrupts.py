@@ -4,7 +4,8 @@ The CLI installs the handlers before anything else, for the life of the process,
 so a signal during set-up, training, the final evaluation or the export only sets
 the request: the run stops at the next safe point (after a loop call, or between
 those phases), saves, writes results.json with status "interrupted" and exits 4.
-Repeated signals change nothing (no KeyboardInterrupt, no exit 130).
+Repeated signals change nothing (no KeyboardInterrupt, no exit 130), also while
+the process shuts down (`ignore_from_now`).
 """
 
 import contextlib
@@ -73,3 +74,13 @@ def stop_on_signals():
     _active = False
     for sig, old in previous.items():
       signal.signal(sig, old)
+
+
+def ignore_from_now():
+  """Ignores SIGTERM and SIGINT from now on: the run is over (its checkpoint is
+  saved), and Python's shutdown restores the default handlers, under which a
+  signal during TensorFlow's teardown would kill the process (exit 143 or 130)
+  instead of its exit code."""
+  if threading.current_thread() is threading.main_thread():
+    for sig in _SIGNALS:
+      signal.signal(sig, signal.SIG_IGN)

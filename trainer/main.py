@@ -35,6 +35,13 @@ def _fail(message, code):
 
 
 def main(argv, actions=()):
+  try:
+    _main(argv, actions)
+  finally:
+    interrupts.ignore_from_now()  # The run is over: no signal changes its code.
+
+
+def _main(argv, actions):
   logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     _fail(f"error: unexpected arguments {' '.join(argv[1:])!r}; flags look like "
