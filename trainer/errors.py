@@ -8,6 +8,7 @@ keeps its traceback.
 
 import contextlib
 import enum
+import errno
 import re
 
 _MAX_LINE = 300  # Characters of a quoted cause in a one-line error.
@@ -134,6 +135,34 @@ class UserCodeError(TrainerError):
   def __init__(self, method: str, cause: BaseException):
     super().__init__(f"{method} raised {type(cause).__name__}: {one_line(cause)}")
     self.method = method
+
+
+def no_space(error: BaseException):
+  """A NoSpaceError naming the file, when `error` is a full disk's (an OSError
+  with ENOSPC, or TensorFlow's "No space left on device"), else None."""
+  if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+    where = error.filename or "a file"
+  elif "No space left on device" in str(error):
+    found = re.search(r"(\S+); No space left on device", str(error))
+    where = found[1] if found else "a file"
+    where = re.sub(r"_temp/.*$", "", where)  # A checkpoint's temporary part file.
+  else:
+    return None
+  return NoSpaceError(f"{where}: no space left on device; every checkpoint written "
+                      "before it is kept: free some space and rerun the same command "
+                      "to resume")
+
+
+@contextlib.contextmanager
+def disk_full_is_one_line():
+  """Turns a full disk's error raised in the block into its NoSpaceError."""
+  try:
+    yield
+  except Exception as e:  # noqa: BLE001 (re-raised unless the disk is full)
+    full = no_space(e)
+    if full is None:
+      raise
+    raise full from None
 
 
 @contextlib.contextmanager

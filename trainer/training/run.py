@@ -28,7 +28,8 @@ from trainer.actions.report import Report
 from trainer.actions.user import UserAction
 from trainer.config import Config
 from trainer.errors import (ConfigError, ExportError, ModelDirError, RunStatus,
-                            UserCodeError, user_code)
+                            UserCodeError, disk_full_is_one_line, no_space,
+                            user_code)
 from trainer.interrupts import stop_on_signals
 from trainer.outputs import export, run_dir
 from trainer.outputs.results import Results
@@ -98,7 +99,8 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
     actions = list(task.actions()) + actions
 
   # ---- 4. Claim the directory, check the resume, restore. ----
-  with contextlib.ExitStack() as stack:
+  # A full disk, whichever file it hit, is one line; earlier checkpoints stay.
+  with disk_full_is_one_line(), contextlib.ExitStack() as stack:
     _claim(stack, config, export_dir, trainer)
     resume.check(config.model_dir, facts, trainer.model)
     restored = checkpoints.restore()
@@ -305,6 +307,8 @@ def _export(built, results: Results, export_dir: str):
                                   feature_spec=feature_spec)
       results.data["export_best_dir"] = best_dir
   except export.ExportFailure as e:
+    if no_space(e.__cause__):
+      raise no_space(e.__cause__) from None  # A full disk, not the export's.
     results.finish(RunStatus.UNEXPORTED)
     raise ExportError(f"export to {export_dir} failed ({e}); training finished and "
                       "its checkpoints are kept: fix the cause and rerun to "
