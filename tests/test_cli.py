@@ -162,3 +162,11 @@ def test_resume_is_bit_exact_with_dropout_mid_epoch(tmp_path):
   a = assert_bit_identical(straight, split)
   assert any(k.startswith("rng/") for k in a)
   assert not all(np.array_equal(a[k], midway[k]) for k in a)  # It did train on.
+
+
+def test_flags_this_mode_ignores_are_said(model_dir):
+  process = run_cli(*SHORT, "--train_steps=5", "--eval_every=10", "--mode=train",
+                    f"--model_dir={model_dir}")
+  assert process.returncode == 0, process.stderr
+  assert ("note: --eval_every=10 is ignored with --mode=train: use "
+          "--mode=train_and_eval to evaluate") in process.stdout

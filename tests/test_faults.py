@@ -240,6 +240,8 @@ def bad_files(tmp_path_factory):
   np.savez(root / "biglabel.npz", x_train=np.zeros((100, 3)),
            y_train=np.full(100, 10**9), x_test=np.zeros((4, 3)),
            y_test=np.zeros(4, int))
+  np.savez(root / "scalar.npz", x_train=np.float32(1), y_train=np.zeros(1, int),
+           x_test=np.zeros((4, 3)), y_test=np.zeros(4, int))
   (root / "afile").write_text("x")
   return root
 
@@ -261,12 +263,17 @@ BAD_INPUT = [
      "x_train must have shape [examples, features...]"),
     (["--dataset=npz", "--data_path={bad}/biglabel.npz"],
      "which means 1000000001 classes; at most 100000"),
+    (["--dataset=npz", "--data_path={bad}/scalar.npz"],
+     "x_train is a single value; it must be an array with one entry per example"),
     (["--export_dir={bad}/afile"], "--export_dir={bad}/afile: is a file"),
     (["--export_dir={bad}/afile/export"], "not writable"),
 ]
 
 
-@pytest.mark.parametrize("args, fragment", BAD_INPUT)
+@pytest.mark.parametrize("args, fragment", BAD_INPUT + [
+    # Not --export_dir, which the user did not give: the directory itself.
+    (["--model_dir={bad}/afile/run"], "--model_dir={bad}/afile/run: not writable"),
+])
 def test_bad_input_is_one_line_and_writes_nothing(bad_files, model_dir, args,
                                                   fragment):
   args = [a.format(bad=bad_files) for a in args]
@@ -288,6 +295,10 @@ def test_bad_input_is_one_line_and_writes_nothing(bad_files, model_dir, args,
      "task.type 'ps' must be one of worker"),
     ({"cluster": {"worker": "127.0.0.1:1"}, "task": {"type": "worker", "index": 0}},
      "cluster.worker must be a list of host:port strings"),
+    ({"cluster": {"worker": ["no-port-here", "x:y"]},
+      "task": {"type": "worker", "index": 0}},
+     "cluster.worker has 'no-port-here', which is not host:port with a port in "
+     "1-65535"),
 ])
 def test_bad_tf_config_is_one_line(model_dir, tf_config, fragment):
   env = cli_env()
@@ -446,10 +457,11 @@ def test_a_killed_save_leaves_nothing_behind_after_the_next_start(model_dir):
 # SIGKILL at random moments.
 @pytest.mark.slow
 def test_twenty_sigkills_at_random_moments_lose_nothing(tmp_path):
-  # Half the kills land at a random moment of start-up, half at a random moment
-  # after training began (timed from the first progress line, so a slow machine
-  # still kills training): in steps, checkpoint saves (every 10 steps) and
-  # evaluations (every 50).
+  # Half the kills land at a random moment of start-up, half in training: once
+  # the run has saved a checkpoint newer than the last kill left (so every such
+  # kill cuts a run that made progress, however slow the machine), after a random
+  # number of further progress lines and a random instant: in steps, checkpoint
+  # saves (every 10 steps) and evaluations (every 50).
   steps = 2000
   args = ["--deterministic", "--model=mlp", "--dropout=0.2", "--optimizer=sgd",
           "--learning_rate=0.05", "--per_replica_batch_size=16", "--cpu_devices=2",
@@ -469,16 +481,16 @@ def test_twenty_sigkills_at_random_moments_lose_nothing(tmp_path):
     if kill % 2:
       time.sleep(rng.uniform(0.1, 2.0))  # Start-up: set-up, restore, first steps.
     else:
-      while process.poll() is None and not _trained(log):
-        time.sleep(0.02)  # Training: after this process's first loop call.
-      # Up to 2 s: past the first evaluation's tracing, into later saves.
-      time.sleep(rng.uniform(0.0, 2.0))
+      _wait_for(process, lambda after=last_step: _newest(killed) > after)
+      lines = _progress_lines(log) + rng.randint(0, 3)
+      _wait_for(process, lambda log=log, lines=lines: _progress_lines(log) >= lines)
+      time.sleep(rng.uniform(0.0, 0.05))
     process.kill()
     process.wait(timeout=60)
-    step = max(checkpoint_files.checkpoint_steps(_ckpt_dir(killed)), default=-1)
+    step = _newest(killed)
     progressed += step > last_step
     last_step = step
-  assert progressed >= 3  # Kills in training cut it short, run after run.
+  assert progressed >= 10  # Every kill in training cut a run that had progressed.
   finished = run_cli(*args, f"--model_dir={killed}")
   assert finished.returncode == 0, finished.stderr
   assert_bit_identical(straight, killed)
@@ -490,13 +502,24 @@ def test_twenty_sigkills_at_random_moments_lose_nothing(tmp_path):
   assert tf.io.gfile.exists(os.path.join(killed, "export"))
 
 
-def _trained(log: str) -> bool:
-  """Whether the run logging to `log` printed a progress line."""
+def _newest(model_dir) -> int:
+  """The newest checkpoint's step (-1 without one)."""
+  return max(checkpoint_files.checkpoint_steps(_ckpt_dir(model_dir)), default=-1)
+
+
+def _wait_for(process, condition):
+  """Waits until `condition()` holds (or the process has ended)."""
+  while process.poll() is None and not condition():
+    time.sleep(0.01)
+
+
+def _progress_lines(log: str) -> int:
+  """The progress lines the run logging to `log` printed so far."""
   try:
     with open(log) as f:
-      return "\nstep " in f.read()
+      return f.read().count("\nstep ")
   except FileNotFoundError:
-    return False
+    return 0
 
 
 def test_eval_mode_on_a_directory_it_cannot_write(model_dir, monkeypatch, capsys):

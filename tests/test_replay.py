@@ -82,6 +82,8 @@ def test_replay_prints_the_same_numbers_and_dumps_the_batch(diverged, tmp_path):
      "--dump=out.txt: must be a path ending in .npz"),
     (["--step=3", "--dump=/nonexistent/d/s.npz"], 2,
      "--dump=/nonexistent/d/s.npz: no directory /nonexistent/d to write it in"),
+    # A step the run never trained: refused at once, naming the run's last.
+    (["--step=100000"], 2, "--step=100000: the run in "),
 ])
 def test_replay_bad_input_is_one_line(diverged, args, code, fragment):
   model_dir, _ = diverged

@@ -68,6 +68,9 @@ def test_user_task_from_the_command_line_trains_evaluates_and_exports(model_dir)
     (["--task.hidden=3"], "task classification has no hyperparameter hidden"),
     (["--task=regression", "--task.hidden=0"], "--task.hidden=0: must be >= 1"),
     (["--task=user_tasks:ScalarLoss"], "Task.loss must return one value per example"),
+    (["--task=user_tasks:MismatchedEval", "--mode=train_and_eval"],
+     "Task.eval_data(): its features are TensorSpec(shape=(4,), dtype=tf.float32, "
+     "name=None), but Task.train_data()'s are TensorSpec(shape=(3,)"),
     (["--task=regression", "--best_metric=eval/accuracy"],
      "--best_metric=eval/accuracy: task regression reports eval/loss, eval/mae"),
 ])

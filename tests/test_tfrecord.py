@@ -183,6 +183,9 @@ def test_a_bad_record_mid_run_is_one_line_and_keeps_the_checkpoint(
      "--index)"),
     ([], "error: --dataset=tfrecord needs --train_files=GLOB, e.g. "
      "--train_files='data/digits/train-*'"),
+    (["--train_files={shards}/train-*", "--num_classes=3"],
+     "error: --train_files: bad record in {shards}/train-00000-of-00004.tfrecord: "
+     "record 3: image/class/label [3] is out of range [0, 3)"),
 ])
 def test_bad_file_flags_are_one_line_and_write_nothing(shards, tmp_path, args, line):
   bare = tmp_path / "bare"

@@ -183,6 +183,14 @@ def test_an_empty_or_garbled_lock_of_a_killed_run_is_taken_over(model_dir, conte
   assert results["status"] == "completed"
 
 
+def test_a_lock_that_is_a_directory_is_one_line(model_dir):
+  os.makedirs(os.path.join(model_dir, ".lock"))
+  with pytest.raises(ModelDirError, match=r"cannot use .*/\.lock as its lock file "
+                     r"\(Is a directory\); remove it"):
+    train(*FAST, model_dir=model_dir, train_steps=2)
+  assert os.listdir(model_dir) == [".lock"]
+
+
 def test_layout_change_is_refused_listing_the_flags(model_dir):
   train(*FAST, model_dir=model_dir, train_steps=2)
   flags_before = open(os.path.join(model_dir, "flags.txt")).read()

@@ -291,3 +291,12 @@ class BrokenPrepare(Quadratic):
 
   def prepare(self, context):
     raise RuntimeError("the vocabulary file is missing")
+
+
+@dataclasses.dataclass
+class MismatchedEval(Quadratic):
+  """A mistake: eval features of another shape than the training ones."""
+
+  def eval_data(self):
+    x, y = _quadratic_arrays(20, seed=1)
+    return np.concatenate([x, x[:, :1]], axis=1), y

@@ -89,7 +89,15 @@ class TFRecords(streams.PerPipeline):
         self.parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
   def first(self, count: int):
-    return next(iter(self._parsed(self.paths).batch(count).take(1)))
+    """The first `count` records; a bad one among them is named (DataError)."""
+    try:
+      return next(iter(self._parsed(self.paths).batch(count).take(1)))
+    except tf.errors.OpError:
+      for path in self.paths:
+        found = record_files.bad_record(path, parse=self.parsed)
+        if found:
+          raise DataError(f"{self.flag}: bad record in {found}") from None
+      raise
 
   def identity(self) -> dict:
     """The files' names, sizes and record counts."""

@@ -101,7 +101,11 @@ def locked(model_dir: str, *, flag: str = "--model_dir"):
   """
   path = os.path.join(model_dir, LOCK_FILE)
   while True:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # A directory, or a file we may not write.
+      raise ModelDirError(f"{flag}={model_dir}: cannot use {path} as its lock file "
+                          f"({e.strerror}); remove it") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -121,6 +121,10 @@ def _synthetic(params, seed: int) -> Source:
 def _checked(name, x_train, y_train, x_test, y_test) -> Source:
   """Validates arrays and returns a Source (uint8 images scaled by 1/255)."""
   for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+    for array, named in ((x, f"x_{split}"), (y, f"y_{split}")):
+      if array.ndim == 0:
+        raise DataError(f"{name}: {named} is a single value; it must be an array "
+                        "with one entry per example")
     if len(x) != len(y):
       raise DataError(f"{name}: x_{split} has {len(x)} examples but y_{split} has "
                       f"{len(y)}")

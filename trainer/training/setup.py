@@ -13,7 +13,7 @@ from trainer import data, tasks
 from trainer.config import Config
 from trainer.distribute import devices
 from trainer.distribute.cluster import Cluster, cluster_of
-from trainer.errors import ConfigError, user_code
+from trainer.errors import ConfigError, DataError, user_code
 from trainer.outputs.console import Console
 from trainer.tasks import RunContext, Task
 from trainer.training.checkpoints import Checkpoints
@@ -110,6 +110,8 @@ def build(config: Config, task: Task, *, read_only: bool = False) -> Built:
   if eval_data is None and config.mode != "train":
     raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
                       "(Task.eval_data() returned None); use --mode=train")
+  if eval_data is not None:
+    _check_same_features(train_data, eval_data)
   for split in (train_data, eval_data):
     if split is not None and split.note:
       console.say(split.note)
@@ -131,3 +133,20 @@ def build(config: Config, task: Task, *, read_only: bool = False) -> Built:
   return Built(config=config, task=task, cluster=cluster, train_data=train_data,
                eval_data=eval_data, prepared=prepared, trainer=trainer,
                checkpoints=checkpoints, console=console)
+
+
+def _check_same_features(train_data: data.TaskData, eval_data: data.TaskData):
+  """Raises DataError unless the eval examples look like the training ones (the
+  model is built on these): the same structure, dtypes and compatible shapes."""
+  train_spec, eval_spec = train_data.element_spec[0], eval_data.element_spec[0]
+  try:
+    tf.nest.assert_same_structure(train_spec, eval_spec)
+    fits = all(t.dtype == e.dtype and t.shape.is_compatible_with(e.shape)
+               for t, e in zip(tf.nest.flatten(train_spec),
+                               tf.nest.flatten(eval_spec)))
+  except (ValueError, TypeError):
+    fits = False
+  if not fits:
+    raise DataError(f"Task.eval_data(): its features are {eval_spec}, but "
+                    f"Task.train_data()'s are {train_spec}: the model takes the "
+                    "training features; return eval features of the same shapes")
