@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, cli_env, read_results, read_scalars
 from test_sweep import read_csv, sweep, sweep_record
 from trainer.errors import ConfigError
-from trainer.sweeps import cli, gate, runner, search, spec, study
+from trainer.sweeps import cli, gate, ownership, pruning, runner, search, spec, study
 from trainer.sweeps.trial_run import TrialRun
 
 SHORT = ["--", "--dataset=digits", "--model=mlp", "--train_steps=30",
@@ -88,7 +88,7 @@ def test_a_trial_taken_over_by_another_process_is_left_to_it(tmp_path):
   trial, _, _ = first.claim()
   # Another machine's sweep finds no heartbeat and takes the trial over.
   trial.set_user_attr("owner", {"host": "elsewhere", "pid": 1})
-  trial.set_user_attr("heartbeat", time.time() - study.STALE_SECONDS - 1)
+  trial.set_user_attr("heartbeat", time.time() - ownership.STALE_SECONDS - 1)
   second = _queue(tmp_path, planned=planned)
   second.prepare(done=lambda name: False)
   copy, _, _ = second.claim()
@@ -327,16 +327,17 @@ def _eval_line(step, accuracy, loss=1.0):
 
 def test_the_pruner_judges_the_evaluation_just_reported_never_the_last(tmp_path):
   queue = _PruneEverything()
-  sweep_ = _sweep(tmp_path, queue)
+  pruning_ = pruning.Pruning(queue=queue, metric="eval/accuracy",
+                             say=lambda message: None)
   last = _logged_run(tmp_path, "last", [
       "step 30/30  loss 1.0000  accuracy 0.5000  1,000 examples/s  ETA 0:00:00",
       _eval_line(30, 0.5)])
-  sweep_._read_log(last)
+  pruning_.read_log(last)
   # At --train_steps there is nothing left to save: never pruned there.
   assert last.verdicts == {30: False} and not last.pruning
   assert last.process.signals == [] and not queue.attrs
   early = _logged_run(tmp_path, "early", [_eval_line(10, 0.25, loss=2.0)])
-  sweep_._read_log(early)
+  pruning_.read_log(early)
   assert early.verdicts == {10: True} and early.pruning
   judged = {"step": 10, "eval/loss": 2.0, "eval/accuracy": 0.25}
   assert early.pruned_at == judged and queue.attrs == {"pruned_at": judged}
@@ -352,7 +353,7 @@ def test_a_taken_over_trial_is_itself_with_the_evaluations_its_log_shows(tmp_pat
   # Its sweep (on another machine) stops beating; its trial evaluated once more
   # while it saved, and nobody read that line.
   trial.set_user_attr("owner", {"host": "elsewhere", "pid": 1})
-  trial.set_user_attr("heartbeat", time.time() - study.STALE_SECONDS - 1)
+  trial.set_user_attr("heartbeat", time.time() - ownership.STALE_SECONDS - 1)
   (tmp_path / "logs").mkdir()
   log = tmp_path / "logs" / "t0.log"
   log.write_text("# attempt 1: python -m trainer.main\n" + _eval_line(10, 0.5) + "\n" +

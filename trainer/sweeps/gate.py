@@ -34,7 +34,7 @@ writes "STEP\\n" to PREFIX.ask at an evaluation of that step; the sweep answers
 their directory once it has opened them (the open ends work on), so a SIGKILLed
 sweep leaves nothing behind.
 
-Example (the sweep's side; trainer/sweeps/runner.py does this):
+Example (the sweep's side; trainer/sweeps/pruning.py does this):
 
   gate = Gate()  # Before the trial starts; pass it gate.prefix.
   ...
