@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, cli_env, read_results, read_scalars
 from test_sweep import read_csv, sweep, sweep_record
 from trainer.errors import ConfigError
-from trainer.sweeps import cli, gate, runner, search, spec, study
+from trainer.sweeps import cli, gate, ownership, pruning, runner, search, spec, study
 from trainer.sweeps.trial_run import TrialRun
 
 SHORT = ["--", "--dataset=digits", "--model=mlp", "--train_steps=30",
@@ -88,7 +88,7 @@ def test_a_trial_taken_over_by_another_process_is_left_to_it(tmp_path):
   trial, _, _ = first.claim()
   # Another machine's sweep finds no heartbeat and takes the trial over.
   trial.set_user_attr("owner", {"host": "elsewhere", "pid": 1})
-  trial.set_user_attr("heartbeat", time.time() - study.STALE_SECONDS - 1)
+  trial.set_user_attr("heartbeat", time.time() - ownership.STALE_SECONDS - 1)
   second = _queue(tmp_path, planned=planned)
   second.prepare(done=lambda name: False)
   copy, _, _ = second.claim()
@@ -327,16 +327,17 @@ def _eval_line(step, accuracy, loss=1.0):
 
 def test_the_pruner_judges_the_evaluation_just_reported_never_the_last(tmp_path):
   queue = _PruneEverything()
-  sweep_ = _sweep(tmp_path, queue)
+  pruning_ = pruning.Pruning(queue=queue, metric="eval/accuracy",
+                             say=lambda message: None)
   last = _logged_run(tmp_path, "last", [
       "step 30/30  loss 1.0000  accuracy 0.5000  1,000 examples/s  ETA 0:00:00",
       _eval_line(30, 0.5)])
-  sweep_._read_log(last)
+  pruning_.read_log(last)
   # At --train_steps there is nothing left to save: never pruned there.
   assert last.verdicts == {30: False} and not last.pruning
   assert last.process.signals == [] and not queue.attrs
   early = _logged_run(tmp_path, "early", [_eval_line(10, 0.25, loss=2.0)])
-  sweep_._read_log(early)
+  pruning_.read_log(early)
   assert early.verdicts == {10: True} and early.pruning
   judged = {"step": 10, "eval/loss": 2.0, "eval/accuracy": 0.25}
   assert early.pruned_at == judged and queue.attrs == {"pruned_at": judged}
@@ -352,7 +353,7 @@ def test_a_taken_over_trial_is_itself_with_the_evaluations_its_log_shows(tmp_pat
   # Its sweep (on another machine) stops beating; its trial evaluated once more
   # while it saved, and nobody read that line.
   trial.set_user_attr("owner", {"host": "elsewhere", "pid": 1})
-  trial.set_user_attr("heartbeat", time.time() - study.STALE_SECONDS - 1)
+  trial.set_user_attr("heartbeat", time.time() - ownership.STALE_SECONDS - 1)
   (tmp_path / "logs").mkdir()
   log = tmp_path / "logs" / "t0.log"
   log.write_text("# attempt 1: python -m trainer.main\n" + _eval_line(10, 0.5) + "\n" +
@@ -390,16 +391,21 @@ def test_a_taken_over_trial_is_itself_with_the_evaluations_its_log_shows(tmp_pat
 
 _GATED_TRIAL = """
 import sys
+import trainer
 from trainer import interrupts
-from trainer.sweeps import gate
+from trainer.sweeps.gate import PruningGate
 with interrupts.stop_on_signals() as stop:
-  assert gate.install(sys.argv[1])
-  print("step 10/30  loss 1.0000  accuracy 0.5000  1,000 examples/s  ETA 0:00:01",
-        flush=True)
-  for step in (10, 20, 30):
-    print(f"eval at step {step}: loss 1.0000  accuracy 0.5000  (8 examples)",
-          flush=True)
-    print(f"after {step}: " + ("stop requested" if stop else "going on"), flush=True)
+  gate = PruningGate.open(sys.argv[1], last_step=40)
+  assert gate is not None
+  for step in (10, 15, 20, 30, 40):
+    evaluated = step % 10 == 0
+    if evaluated:  # As the trainer's Evaluate action prints it (not flushed).
+      print(f"eval at step {step}: loss 1.0000  accuracy 0.5000  (8 examples)")
+    gate(trainer.ActionContext(
+        step=step, metrics={"loss": 1.0},
+        eval_metrics={"loss": 1.0, "accuracy": 0.5} if evaluated else None,
+        model=None, model_dir="", is_chief=True, summaries=None))
+    print(f"after {step}: " + ("stop requested" if stop else "going on"))
 """
 
 
@@ -413,12 +419,15 @@ def _asked(gate_, child):
 
 
 def test_a_gated_trial_waits_at_each_evaluation_and_stops_there_if_pruned(tmp_path):
+  """The gate as the trial's action, over real FIFOs, its SIGTERM taken by the
+  trainer's handler as a stop request (tests/test_sweep_gate.py has the rest)."""
   gate_ = gate.Gate()
   log = tmp_path / "trial.log"
+  env = cli_env()
+  env.pop("PYTHONUNBUFFERED")  # The gate flushes the evaluation's line itself.
   with open(log, "w") as out:
     child = subprocess.Popen([sys.executable, "-c", _GATED_TRIAL, gate_.prefix],
-                             stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                             env=cli_env())
+                             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
   try:
     assert _asked(gate_, child) == [10]
     # Its FIFOs, open at both ends, are gone from the file system.
@@ -426,22 +435,25 @@ def test_a_gated_trial_waits_at_each_evaluation_and_stops_there_if_pruned(tmp_pa
     # Held at its evaluation until answered: the eval line is its last yet.
     assert log.read_text().splitlines()[-1].startswith("eval at step 10:")
     gate_.answer(10, prune=False)
-    assert _asked(gate_, child) == [20]
+    assert _asked(gate_, child) == [20]  # Not at 15: no evaluation there.
     gate_.answer(20, prune=True)
     assert _asked(gate_, child) == [30]
     gate_.close()  # The sweep is gone: the trial goes on.
     assert child.wait(timeout=60) == 0, log.read_text()
   finally:
     child.kill()
-  assert log.read_text().splitlines()[1:] == [
+  assert log.read_text().splitlines() == [
       "eval at step 10: loss 1.0000  accuracy 0.5000  (8 examples)",
       "after 10: going on",
+      "after 15: going on",
       "eval at step 20: loss 1.0000  accuracy 0.5000  (8 examples)",
       "pruned by the sweep at step 20: stopping at this evaluation",
-      # Before the trainer's next action (its checkpoint and stop vote).
+      # Before the trainer's next action (its checkpoint and SignalStop).
       "after 20: stop requested",
       "eval at step 30: loss 1.0000  accuracy 0.5000  (8 examples)",
-      "after 30: stop requested"]
+      "after 30: stop requested",
+      "eval at step 40: loss 1.0000  accuracy 0.5000  (8 examples)",
+      "after 40: stop requested"]
 
 
 @pytest.mark.parametrize("args, message", [

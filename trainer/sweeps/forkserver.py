@@ -276,15 +276,17 @@ def _child(request: dict, die_with_parent, server_pid: int):
     if request.get("python_path"):  # As Python reads PYTHONPATH at start.
       os.environ["PYTHONPATH"] = request["python_path"]
       sys.path[1:1] = request["python_path"].split(os.pathsep)
+    actions = []
     if request.get("gate"):  # Pruned at an evaluation: stops there (gate.py).
-      from trainer.sweeps import gate
-      gate.install(request["gate"])
+      from trainer.sweeps.gate import PruningGate
+      gate = PruningGate.open(request["gate"])
+      actions = [gate] if gate else []
     from trainer import main, tf_loader
     # The device probe the server left out, with its native lines held back: else
     # a flag validator of TensorFlow's makes it, and CUDA's lines reach the log.
     tf_loader.load_tensorflow()
     sys.argv = [main.__file__, *request["argv"]]  # As `python -m trainer.main`.
-    main.run()
+    main.run(actions=actions)
     code = 0
   except SystemExit as e:
     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

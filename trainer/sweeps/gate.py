@@ -8,25 +8,33 @@ in its next loop call, which (with the automatic --steps_per_loop, or one of
 --eval_every steps) runs to the next evaluation: a pruned trial stopped one
 evaluation late, or trained to its end, and pruning saved nothing.
 
-With the gate, a trial's stdout is held at its evaluation lines: after writing
-one (and flushing it to the log) the trial asks the sweep and waits for the
-answer before it goes on. The trainer prints the line among the actions of the
-loop call that ended at that step, before that call's checkpoint and stop vote,
-so a "prune" answer, raised as SIGTERM in the trial itself, stops the trial at
-the evaluated step: no further loop call runs. The trainer is not changed: the
-gate watches the progress lines the sweep parses (trainer/outputs/progress.py).
+The trial's side is an action (trainer/actions/user.py), `PruningGate`, which
+the trial's process adds to the trainer's (`trainer.main.run(actions=[gate])`).
+Actions run after the loop call's evaluation and before its checkpoint and its
+SignalStop (trainer/actions/__init__.py lists the order). At an evaluation
+(`context.eval_metrics`) that is not the run's last, the gate flushes the
+trial's output, so the evaluation's line is in the log the sweep reads, asks the
+sweep and waits for the verdict. On "prune" it raises SIGTERM in its own
+process: the trainer's handler (trainer/interrupts.py) takes it as a stop
+request, and the same loop call's SignalStop saves the checkpoint of the judged
+step and stops the trial (exit 4). No further loop call runs.
+
+The run's last evaluation is never asked about: nothing is left to save there
+(the sweep never prunes it either, and still reports it to the study from the
+log). The gate knows the last step from the trial's --train_steps as the
+trainer parsed it (flagfiles included).
 
 A trial whose sweep is gone (end of file) or silent for GATE_WAIT_SECONDS goes
 on; the sweep's SIGTERM (or PR_SET_PDEATHSIG's) still stops it at its next loop
 call. Trials are gated only when the sweep has a pruner.
 
 Protocol: two FIFOs per trial, in a private temporary directory. The trial
-writes "STEP\\n" to PREFIX.ask after an evaluation line of that step; the sweep
-answers "STEP go\\n" or "STEP prune\\n" on PREFIX.go. The trial removes the
-FIFOs and their directory once it has opened them (the open ends work on), so a
-SIGKILLed sweep leaves nothing behind.
+writes "STEP\\n" to PREFIX.ask at an evaluation of that step; the sweep answers
+"STEP go\\n" or "STEP prune\\n" on PREFIX.go. The trial removes the FIFOs and
+their directory once it has opened them (the open ends work on), so a SIGKILLed
+sweep leaves nothing behind.
 
-Example (the sweep's side; trainer/sweeps/runner.py does this):
+Example (the sweep's side; trainer/sweeps/pruning.py does this):
 
   gate = Gate()  # Before the trial starts; pass it gate.prefix.
   ...
@@ -34,8 +42,11 @@ Example (the sweep's side; trainer/sweeps/runner.py does this):
     gate.answer(step, prune=False)
   gate.close()
 
-The trial's side: `install(prefix)` before `trainer.main.run()` (the fork
-server's child does it), or `python -m trainer.sweeps.gate PREFIX TRAINER_ARGS`.
+The trial's side (the fork server's child does this), or
+`python -m trainer.sweeps.gate PREFIX TRAINER_ARGS`:
+
+  gate = PruningGate.open(prefix)  # None when the sweep is gone.
+  trainer.main.run(actions=[gate] if gate else [])
 """
 
 import contextlib
@@ -45,18 +56,9 @@ import signal
 import sys
 import tempfile
 import time
-
-from trainer.outputs import progress
+from typing import Optional
 
 GATE_WAIT_SECONDS = 60.0  # Then the trial goes on (within its --hang_timeout).
-
-
-def _eval_step(line: str):
-  """The step of an evaluation's progress line, else None."""
-  values = progress.parse_line(line)
-  if any(name.startswith("eval/") for name in values):
-    return values["step"]
-  return None
 
 
 class Gate:
@@ -98,6 +100,7 @@ class Gate:
     return [int(line) for line in lines if line.strip().isdigit()]
 
   def answer(self, step: int, *, prune: bool):
+    """Tells the trial the verdict on its evaluation at `step`."""
     try:
       os.write(self._go, f"{step} {'prune' if prune else 'go'}\n".encode())
     except OSError:  # Full (the trial reads no more): it goes on without it.
@@ -117,97 +120,118 @@ def _remove(prefix: str):
     os.rmdir(os.path.dirname(prefix))
 
 
-class _GatedStream:
-  """The trial's stdout: writes through, and waits at each evaluation line for
-  the sweep's answer (see the module docstring)."""
+def _flags_train_steps() -> int:
+  """The trial's --train_steps, as the trainer parsed its command line."""
+  from absl import flags
+  return flags.FLAGS.train_steps
 
-  def __init__(self, stream, ask: int, go: int):
-    self._stream = stream
+
+class PruningGate:
+  """The trial's end of its gate: an action that waits at each evaluation for the
+  sweep's verdict and stops the trial there on "prune" (see the module
+  docstring)."""
+
+  def __init__(self, *, ask: int, go: int, last_step: Optional[int] = None):
+    """Creates the gate on open file descriptors (`open` opens them).
+
+    Args:
+      ask: where the trial asks (PREFIX.ask, opened for writing).
+      go: where the sweep answers (PREFIX.go, opened for reading, non-blocking).
+      last_step: the run's last step, whose evaluation is never asked about;
+        None: the trial's --train_steps, read from its parsed flags when first
+        needed (the trainer has parsed them by then).
+    """
     self._ask = ask
     self._go = go
-    self._line = ""  # The line being written (print writes it in parts).
-    self._pending = b""
+    self._last_step = last_step
+    self._pending = b""  # Answers read but not yet matched to a question.
 
-  def write(self, text):
-    written = self._stream.write(text)
-    if "\n" not in text:
-      self._line += text
-      return written
-    *lines, self._line = (self._line + text).split("\n")
-    for line in lines:
-      step = _eval_step(line)
-      if step is not None and self._ask is not None:
-        self._stream.flush()  # In the log before the sweep is asked to read it.
-        self._wait(step)
-    return written
+  @classmethod
+  def open(cls, prefix: str, *,
+           last_step: Optional[int] = None) -> Optional["PruningGate"]:
+    """Opens the trial's ends of the FIFOs at `prefix`, before the trainer runs.
 
-  def __getattr__(self, name):
-    return getattr(self._stream, name)
+    Args:
+      prefix: the sweep's Gate.prefix.
+      last_step: as in the constructor.
 
-  def _wait(self, step: int):
+    Returns:
+      The gate, or None when the sweep's ends are gone (its process died): then
+      the trial runs ungated.
+    """
+    try:
+      ask = os.open(prefix + ".ask", os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: nobody reads it; ENOENT: the sweep removed it.
+      return None
+    try:
+      go = os.open(prefix + ".go", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+      os.close(ask)
+      return None
+    _remove(prefix)  # Open at both ends: the names are no longer needed.
+    return cls(ask=ask, go=go, last_step=last_step)
+
+  def __call__(self, context) -> None:
+    """After a loop call: waits for the verdict on its evaluation, if it had one.
+
+    Args:
+      context: the loop call's trainer.ActionContext.
+    """
+    if context.eval_metrics is None or self._ask is None:
+      return
+    if self._last_step is None:
+      self._last_step = _flags_train_steps()
+    if context.step >= self._last_step:
+      return  # The last evaluation: never pruned, nothing to wait for.
+    # The evaluation's line in the log before the sweep is asked to read it.
+    for stream in (sys.stdout, sys.stderr):
+      stream.flush()
+    if self._wait(context.step) == "prune":
+      self._prune(context.step)
+
+  def _wait(self, step: int) -> Optional[str]:
+    """Asks about `step`; the verdict ("go" or "prune"), or None when there is
+    none: the sweep is gone or silent for GATE_WAIT_SECONDS."""
     try:
       os.write(self._ask, f"{step}\n".encode())
     except OSError:  # The sweep is gone.
-      self._close()
-      return
+      self.close()
+      return None
     deadline = time.monotonic() + GATE_WAIT_SECONDS
     while True:
       while b"\n" in self._pending:
         line, self._pending = self._pending.split(b"\n", 1)
         words = line.decode(errors="replace").split()
-        if len(words) == 2 and words[0] == str(step):
-          if words[1] == "prune":
-            self._prune(step)
-          return
+        if len(words) == 2 and words[0] == str(step):  # Else an older answer's.
+          return words[1]
       remaining = deadline - time.monotonic()
       if remaining <= 0 or not select.select([self._go], [], [], remaining)[0]:
-        return  # No answer: go on (the sweep may still send a SIGTERM).
+        return None  # No answer: go on (the sweep may still send a SIGTERM).
       try:
         data = os.read(self._go, 4096)
       except BlockingIOError:
         continue
       if not data:  # The sweep is gone: go on.
-        self._close()
-        return
+        self.close()
+        return None
       self._pending += data
 
-  def _prune(self, step: int):
-    self._stream.write(f"pruned by the sweep at step {step}: stopping at this "
-                       "evaluation\n")
-    self._stream.flush()
-    # The trainer's handler (trainer/interrupts.py) takes it as a stop request:
-    # this loop call's stop vote saves a checkpoint and the trial exits 4. Raised
-    # here, in the main thread, it is set before the trainer goes on.
+  @staticmethod
+  def _prune(step: int):
+    print(f"pruned by the sweep at step {step}: stopping at this evaluation",
+          flush=True)
+    # The trainer's handler takes it as a stop request, set before this action
+    # returns (raised in the main thread): the SignalStop of this loop call
+    # saves the checkpoint of this step and the trial exits 4.
     signal.raise_signal(signal.SIGTERM)
 
-  def _close(self):
+  def close(self):
+    """Closes the trial's ends; the trial goes on ungated."""
     for fd in (self._ask, self._go):
-      try:
-        os.close(fd)
-      except OSError:
-        pass
+      if fd is not None:
+        with contextlib.suppress(OSError):
+          os.close(fd)
     self._ask = self._go = None
-
-
-def install(prefix: str) -> bool:
-  """In the trial, before the trainer runs: gates sys.stdout at `prefix`'s FIFOs.
-
-  Returns:
-    False when the sweep's ends are gone (its process died): then the trial runs
-    ungated.
-  """
-  try:
-    ask = os.open(prefix + ".ask", os.O_WRONLY | os.O_NONBLOCK)
-  except OSError:  # ENXIO: nobody reads it; ENOENT: the sweep removed it.
-    return False
-  try:
-    go = os.open(prefix + ".go", os.O_RDONLY | os.O_NONBLOCK)
-  except OSError:
-    os.close(ask)
-    return False
-  _remove(prefix)  # Open at both ends: the names are no longer needed.
-  sys.stdout = _GatedStream(sys.stdout, ask, go)
-  return True
 
 
 def main():
@@ -216,10 +240,10 @@ def main():
   from trainer import interrupts
   interrupts.install()  # First, as trainer.main does: a signal is a clean stop.
   prefix, argv = sys.argv[1], sys.argv[2:]
-  install(prefix)
+  gate = PruningGate.open(prefix)
   from trainer import main as trainer_main
   sys.argv = [trainer_main.__file__, *argv]  # As `python -m trainer.main`.
-  trainer_main.run()
+  trainer_main.run(actions=[gate] if gate else [])
 
 
 if __name__ == "__main__":

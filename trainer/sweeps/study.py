@@ -4,21 +4,23 @@ The study lives in `--storage` (default: an SQLite file in the sweep root; a
 PostgreSQL/MySQL URL or a journal file on shared storage for many machines). The
 first process plans it: it enqueues exactly the sweep's trials, with their values
 for grid and random search, empty for TPE (whose sampler proposes each one when it
-is claimed). Every process then claims waiting trials one at a time under a lock
-file in the root, so no trial runs twice and the total is exact.
+is claimed; trainer/sweeps/study_plan.py). Every process then claims waiting
+trials one at a time under a lock file in the root, so no trial runs twice and
+the total is exact.
 
 A trial is a `python -m trainer.main` run in ROOT/<name>, and one Optuna trial
 while it is unfinished: one that was interrupted (stays RUNNING with status
 "interrupted" and no owner) or orphaned by a killed sweep (RUNNING, its owner's
-process gone) is put back in the queue as itself (WAITING again) by the next
-`prepare`, so it keeps its number and the evaluations it reported, and the study
-shows each planned trial once. The process that claims it reports the
-evaluations its log shows and the study lacks (those its killed sweep had not
-read yet; trainer/sweeps/runner.py). Only a finished trial that must run again
-(failed or diverged, or completed with its results deleted: Optuna cannot reopen
-a finished trial) is replaced by a copy with the same name, values and attempt
-count; the copy trains in the same directory and so resumes from its
-checkpoints. The table shows each name's newest trial.
+process gone: trainer/sweeps/ownership.py) is put back in the queue as itself
+(WAITING again) by the next `prepare`, so it keeps its number and the
+evaluations it reported, and the study shows each planned trial once. The
+process that claims it reports the evaluations its log shows and the study lacks
+(those its killed sweep had not read yet; trainer/sweeps/pruning.py). Only a
+finished trial that must run again (failed or diverged, or completed with its
+results deleted: Optuna cannot reopen a finished trial) is replaced by a copy
+with the same name, values and attempt count; the copy trains in the same
+directory and so resumes from its checkpoints. The table shows each name's
+newest trial.
 
 Example:
 
@@ -33,32 +35,17 @@ Example:
 import contextlib
 import dataclasses
 import fcntl
-import json
 import os
-import socket
 import time
-import uuid
 from typing import Optional
 
-from trainer.errors import ConfigError
-from trainer.sweeps.search import (distribution, load_optuna, make_pruner,
-                                   make_sampler, open_storage, round_value,
-                                   slot_seed)
+from trainer.sweeps.ownership import Owner
+from trainer.sweeps.search import (distribution, load_optuna, make_sampler,
+                                   open_storage, round_value, slot_seed)
 from trainer.sweeps.spec import trial_name
+from trainer.sweeps.study_plan import StudyPlan
 
 LOCK_FILE = ".study.lock"
-HEARTBEAT_SECONDS = 10.0
-STALE_SECONDS = 120.0  # A trial of another machine without a heartbeat this long.
-
-
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
 
 
 @dataclasses.dataclass
@@ -101,45 +88,22 @@ class StudyQueue:
         (the base flagfile's lines and the trainer flags after --).
 
     Raises:
-      ConfigError: the storage cannot be opened, or the study there was planned
-        with other options.
+      ConfigError: the storage cannot be opened, or the study there optimizes
+        its metric the other way (`prepare` checks the other options).
     """
-    optuna = load_optuna()
-    self._root = root
     self._params = params
-    self._planned = planned
-    self._trials = len(planned) if planned is not None else trials
-    self._sampler = sampler
-    self._seed = seed
-    # What every process of the study must agree on; checked by `prepare`.
-    self._plan = {"sampler": sampler, "seed": seed, "trials": self._trials,
-                  "params": [dataclasses.asdict(p) for p in params],
-                  "metric": metric, "goal": goal, "pruner": pruner,
-                  "eval_every": eval_every, "train_steps": train_steps,
-                  "trial_flags": list(trial_flags)}
+    self._plan = StudyPlan(sampler=sampler, pruner=pruner, seed=seed, goal=goal,
+                           metric=metric, params=params, planned=planned,
+                           trials=trials, eval_every=eval_every,
+                           train_steps=train_steps, trial_flags=trial_flags)
     self._lock_path = os.path.join(root, LOCK_FILE)
-    # The token tells this process from an earlier one with the same pid.
-    self._owner = {"host": socket.gethostname(), "pid": os.getpid(),
-                   "token": uuid.uuid4().hex}
+    self._owner = Owner()
     self._distributions = {p.name: distribution(p) for p in params}
     # The study's own storage object (RDB storages get Optuna's cache), so that
     # what this queue writes to it directly the study sees too.
-    self._storage = optuna.storages.get_storage(open_storage(storage, root))
+    self._storage = load_optuna().storages.get_storage(open_storage(storage, root))
     with self._locked():
-      try:
-        self.study = optuna.create_study(
-            storage=self._storage, study_name=study_name,
-            sampler=make_sampler(sampler, seed),
-            pruner=make_pruner(pruner, eval_every=eval_every, train_steps=train_steps),
-            direction="maximize" if goal == "max" else "minimize",
-            load_if_exists=True)
-      except ValueError as e:  # E.g. the study exists with the other direction.
-        raise ConfigError(f"--study={study_name}: {e}") from None
-    if self.study.direction != optuna.study.StudyDirection[
-        "MAXIMIZE" if goal == "max" else "MINIMIZE"]:
-      raise ConfigError(f"--goal={goal}: --study={study_name} in this storage "
-                        f"{self.study.direction.name.lower()}s its metric; use "
-                        "the same --goal, or another --study")
+      self.study = self._plan.open_study(self._storage, study_name)
     self._study_id = self._storage.get_study_id_from_name(study_name)
 
   @contextlib.contextmanager
@@ -154,7 +118,7 @@ class StudyQueue:
 
   @property
   def total(self) -> int:
-    return self._trials
+    return self._plan.trials
 
   def prepare(self, *, done) -> int:
     """Plans the study if nobody has, and queues again the trials that must run
@@ -173,22 +137,14 @@ class StudyQueue:
     """
     state = load_optuna().trial.TrialState
     with self._locked():
-      attrs = self.study.user_attrs
-      differ = "plan" in attrs and _differences(attrs["plan"],
-                                                json.loads(json.dumps(self._plan)))
-      if "plan" not in attrs:
-        self._enqueue_plan()
-      elif differ:
-        raise ConfigError(
-            f"--study={self.study.study_name}: it was planned with other sweep "
-            f"options ({differ}); use the same, or another --study or --root")
+      self._plan.ensure_planned(self.study)
       finished = 0
       for trial in self._newest().values():
         status = trial.user_attrs.get("status", "pending")
         if trial.state == state.WAITING:
           continue
         if trial.state == state.RUNNING:
-          if self._orphaned(trial):  # Interrupted, or its sweep was killed.
+          if self._owner.orphaned(trial):  # Interrupted, or its sweep was killed.
             self._resume(trial)
         elif status == "pruned" or (status == "completed" and
                                     done(trial.user_attrs["name"])):
@@ -196,29 +152,6 @@ class StudyQueue:
         else:  # Failed, diverged, or completed with its results gone.
           self._requeue(trial, "pending" if status == "completed" else status)
       return finished
-
-  def _enqueue_plan(self):
-    width = len(str(self._trials - 1))
-    for slot in range(self._trials):
-      if self._planned is None:
-        self.study.enqueue_trial({}, user_attrs={"slot": slot, "width": width,
-                                                 "status": "pending"})
-      else:
-        name, values = self._planned[slot]
-        self.study.enqueue_trial(values, user_attrs={
-            "slot": slot, "name": name, "values": values, "status": "pending"})
-    self.study.set_user_attr("plan", self._plan)
-
-  def _orphaned(self, trial) -> bool:
-    """A running trial whose sweep process is gone (or that has no owner: it was
-    interrupted)."""
-    owner = trial.user_attrs.get("owner")
-    if not owner:  # Interrupted: its process let it go.
-      return True
-    if owner.get("host") == self._owner["host"]:
-      return owner.get("pid") != self._owner["pid"] and not _pid_alive(owner["pid"])
-    beat = trial.user_attrs.get("heartbeat", 0.0)
-    return time.time() - beat > STALE_SECONDS
 
   def _trial_id(self, trial) -> int:
     """The storage's id of a trial (Trial or FrozenTrial) of this study."""
@@ -266,13 +199,13 @@ class StudyQueue:
       waiting = self.study.get_trials(deepcopy=False, states=(state.WAITING,))
       if not waiting:
         return None
-      if self._sampler == "tpe":  # `ask` takes the oldest waiting trial.
+      if self._plan.sampler == "tpe":  # `ask` takes the oldest waiting trial.
         slot = min(waiting, key=lambda t: t.number).user_attrs.get("slot", 0)
-        self.study.sampler = make_sampler("tpe", slot_seed(self._seed, slot))
+        self.study.sampler = make_sampler("tpe", slot_seed(self._plan.seed, slot))
       trial = self.study.ask(self._distributions)
       # Marked ours before the lock is let go: `prepare` of another process
       # must not take a trial without an owner for an orphan.
-      trial.set_user_attr("owner", self._owner)
+      trial.set_user_attr("owner", self._owner.record)
       trial.set_user_attr("heartbeat", time.time())
       trial.set_user_attr("status", "running")
       name, values = trial.user_attrs.get("name"), trial.user_attrs.get("values")
@@ -285,11 +218,8 @@ class StudyQueue:
     return trial, name, values
 
   def _owns(self, trial) -> bool:
-    """Whether a claimed trial is still this process's: running, and not taken
-    over by another sweep process (for an orphan) since."""
-    frozen = self.frozen(trial)
-    return (frozen.state == load_optuna().trial.TrialState.RUNNING and
-            frozen.user_attrs.get("owner") == self._owner)
+    """Whether a claimed trial is still this process's (ownership.Owner.owns)."""
+    return self._owner.owns(self.frozen(trial))
 
   def set_attrs(self, trial, **attrs) -> bool:
     """Records attrs of a claimed trial; False when it is no longer this process's
@@ -309,8 +239,7 @@ class StudyQueue:
       `should_prune` judges; False for a trial that is no longer this process's.
     """
     frozen = self.frozen(trial)
-    if (frozen.state != load_optuna().trial.TrialState.RUNNING or
-        frozen.user_attrs.get("owner") != self._owner):
+    if not self._owner.owns(frozen):
       return False
     steps = frozen.intermediate_values
     if step not in steps:
@@ -371,10 +300,3 @@ class StudyQueue:
           pruned_at=attrs.get("pruned_at")))
     return records
 
-
-def _differences(planned: dict, ours: dict) -> str:
-  """The sweep options in which `ours` differs from the study's plan ("" when
-  none). Options a plan of an earlier version did not record are not compared,
-  so its sweep can still be resumed."""
-  return "; ".join(f"{key} was {planned[key]!r}, now {ours.get(key)!r}"
-                   for key in sorted(planned) if planned[key] != ours.get(key))

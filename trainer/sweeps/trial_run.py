@@ -6,7 +6,7 @@ import os
 import subprocess
 from typing import Optional
 
-from trainer.outputs import progress
+from trainer.outputs import progress, run_dir
 from trainer.sweeps.spec import Trial
 
 
@@ -47,6 +47,45 @@ class TrialRun:
             "attempts": self.attempts, "returncode": self.returncode,
             "error": self.error, "elapsed_s": round(self.elapsed, 1),
             "metrics": self.metrics, "command": self.command}
+
+  def read_progress(self) -> list:
+    """The progress lines its log has gained since the last call, parsed (its
+    live metrics updated with them); a half-written line is left for later.
+
+    Returns:
+      [{"step": N, "NAME": value, ...}] in the log's order.
+    """
+    with open(self.log_path) as f:
+      f.seek(self.log_offset)
+      text = f.read()
+    complete = text[:text.rfind("\n") + 1]
+    self.log_offset += len(complete.encode())
+    lines = [v for v in map(progress.parse_line, complete.splitlines()) if v]
+    for values in lines:
+      self.metrics.update(values)
+    return lines
+
+
+def recorded_run(record, *, model_dir: str, log_path: str) -> TrialRun:
+  """A trial that does not run in this process (another sweep process's, or
+  finished) as a TrialRun: what the study's record and its files say.
+
+  Args:
+    record: its study.Record.
+    model_dir: its directory.
+    log_path: its log.
+  """
+  run = TrialRun(trial=Trial(name=record.name, values=record.values), command=[],
+                 model_dir=model_dir, log_path="", status=record.status,
+                 attempts=record.attempts, error=record.error,
+                 elapsed=record.elapsed)
+  results = run_dir.read_json(os.path.join(model_dir, run_dir.RESULTS_FILE))
+  if isinstance(results, dict):
+    run.metrics = results_metrics(results)
+  if record.status == "pruned" and record.pruned_at:
+    run.metrics.update(record.pruned_at)  # What the pruner judged, as Optuna.
+  run.command = logged_command(log_path)
+  return run
 
 
 def results_metrics(results: dict) -> dict:
