@@ -69,25 +69,59 @@ def test_too_small_training_set_is_a_clear_error():
     _source().check_training(Cluster(num_replicas=2), 64)
 
 
-@pytest.mark.parametrize("split", [
-    _eval_split(10),
-    data.as_task_data(tf.data.Dataset.from_tensor_slices(
-        (np.arange(10, dtype=np.float32)[:, None], np.arange(10) % 3)),
-                      what="test", finite=True),
-    data.as_task_data(lambda context: tf.data.Dataset.from_tensor_slices(
-        (np.arange(10, dtype=np.float32)[:, None], np.arange(10) % 3)),
-                      what="test", finite=True),
+_X, _Y, _W = (np.arange(10, dtype=np.float32)[:, None], np.arange(10) % 3,
+              np.linspace(0.5, 5.0, 10).astype(np.float32))
+
+
+@pytest.mark.parametrize("split, weights", [
+    (_eval_split(10), None),
+    (data.ArrayData(_X, _Y, _W), _W),
+    (data.as_task_data(tf.data.Dataset.from_tensor_slices((_X, _Y)),
+                       what="test", finite=True), None),
+    (data.as_task_data(tf.data.Dataset.from_tensor_slices((_X, _Y, _W)),
+                       what="test", finite=True), _W),
+    (data.as_task_data(lambda context: tf.data.Dataset.from_tensor_slices((_X, _Y)),
+                       what="test", finite=True), None),
+    (data.as_task_data(lambda context: tf.data.Dataset.from_tensor_slices(
+        (_X, _Y, _W)), what="test", finite=True), _W),
 ])
-def test_eval_pads_with_weight_zero_to_whole_batches(split):
+def test_eval_pads_to_whole_batches_and_keeps_the_sample_weights(split, weights):
   strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
   dataset, num_batches = split.eval_input(strategy, Cluster(), global_batch_size=4,
                                           preprocess=lambda f: f)
   assert num_batches == 3
   batches = list(dataset)
-  weights = np.concatenate([w.numpy() for _, _, w in batches])
-  assert weights.tolist() == [1.0] * 10 + [0.0] * 2
-  ids = np.concatenate([x.numpy()[:, 0] for x, _, _ in batches])
+  padding = np.concatenate([p.numpy() for *_, p in batches])
+  assert padding.tolist() == [1.0] * 10 + [0.0] * 2
+  got = np.concatenate([w.numpy() for _, _, w, _ in batches])[:10]
+  np.testing.assert_array_equal(got, np.ones(10) if weights is None else weights)
+  ids = np.concatenate([x.numpy()[:, 0] for x, *_ in batches])
   assert ids[:10].tolist() == list(range(10))
+
+
+def test_training_batches_carry_the_sample_weights_in_the_seeded_order():
+  weighted = data.ArrayData(_X, _Y, _W)
+  batches = list(weighted.train_dataset(_order(global_batch_size=4, seed=2),
+                                        start_step=0).take(5))
+  for features, labels, weights in batches:
+    index = features.numpy()[:, 0].astype(int)
+    np.testing.assert_array_equal(weights.numpy(), _W[index])
+    np.testing.assert_array_equal(labels.numpy(), _Y[index])
+  unweighted = data.ArrayData(_X, _Y).train_dataset(
+      _order(global_batch_size=4, seed=2), start_step=0).take(5)
+  assert [b[0].numpy().tolist() for b in unweighted] == [
+      b[0].numpy().tolist() for b in batches]  # Weights change no order.
+
+
+@pytest.mark.parametrize("value, message", [
+    ((_X, _Y, np.ones((10, 2))), r"weights must be one number per example"),
+    ((_X, _Y, np.ones(9)), r"different numbers of examples \(9, 10\)"),
+    ((_X, _Y, _W, _W), r"must return \(features, labels\) arrays, \(features, "
+     r"labels, weights\)"),
+])
+def test_bad_weights_are_refused(value, message):
+  with pytest.raises(DataError, match=message):
+    data.check_arrays(value, what="Task.train_data()")
 
 
 def _write_npz(path, **arrays):
@@ -123,7 +157,7 @@ def test_not_an_npz_file(tmp_path):
 
 def test_distributed_batches_split_the_global_batch():
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  x, _ = next(iter(_source().train_input(strategy, Cluster(num_replicas=2),
+  x, *_ = next(iter(_source().train_input(strategy, Cluster(num_replicas=2),
                                          _order(shuffle=False), start_step=0,
                                          preprocess=lambda f: f)))
   parts = [t.numpy()[:, 0].tolist() for t in strategy.experimental_local_results(x)]

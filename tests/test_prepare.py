@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from conftest import TESTS, cli_env, one_line_error, read_results, run_cli
+from conftest import (TESTS, assert_bit_identical, cli_env, one_line_error,
+                      read_results, run_cli)
+
 TEXT = ["--task=user_tasks:TextBag", "--cpu_devices=2", "--per_replica_batch_size=8",
         "--train_steps=20", "--steps_per_loop=10", "--learning_rate=0.05",
         "--mode=train_and_eval"]
@@ -41,6 +43,19 @@ def test_raw_strings_train_evaluate_and_serve_from_the_export(model_dir):
   assert served.returncode == 0, served.stderr
   assert json.loads(served.stdout) == pytest.approx(results["eval"]["accuracy"],
                                                     abs=1e-6)
+
+
+def test_string_arrays_keep_the_seeded_order_and_resume_bit_exactly(tmp_path):
+  flags = [*TEXT, "--task=user_tasks:TextArrays", "--mode=train", "--seed=4"]
+  straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+  assert run_cli(*flags, f"--model_dir={straight}", python_path=TESTS).returncode == 0
+  first = run_cli(*flags, "--train_steps=10", f"--model_dir={split}",
+                  python_path=TESTS)
+  assert first.returncode == 0, first.stderr
+  resumed = run_cli(*flags, f"--model_dir={split}", python_path=TESTS)
+  assert resumed.returncode == 0, resumed.stderr
+  assert "resuming at step 10" in resumed.stdout
+  assert_bit_identical(straight, split)
 
 
 def test_a_resource_the_export_cannot_find_is_one_line(model_dir):

@@ -175,7 +175,7 @@ def test_replicas_get_consecutive_batches_of_the_stream_as_replay_reads_them(fil
   order = data.Order(global_batch_size=8, seed=2, shuffle=True, buffer=8)
   distributed = source.train_input(strategy, Cluster(num_replicas=2), order,
                                    start_step=5, preprocess=lambda f: f)
-  values, _ = next(iter(distributed))
+  values, *_ = next(iter(distributed))
   per_replica = [v.numpy() for v in strategy.experimental_local_results(values)]
   assert [len(v) for v in per_replica] == [4, 4]
   (replayed, _), = source.host_batches(order, num_replicas=2, start_step=5, count=1)

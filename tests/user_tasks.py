@@ -239,6 +239,36 @@ class TextBag(trainer.Task):
 
 
 @dataclasses.dataclass
+class TextArrays(TextBag):
+  """TextBag's strings as numpy arrays in a dict with a numeric column: the
+  (seed, step) order of arrays, strings and all."""
+
+  def _arrays(self, count, seed):
+    texts, labels = _texts(count, seed)
+    lengths = np.array([[len(t) / 40.0] for t in texts], np.float32)
+    return {"text": texts.astype(object), "length": lengths}, labels
+
+  def preprocess(self, features):
+    return {"tokens": self.vectorize(features["text"]),
+            "length": features["length"]}
+
+  def build_model(self):
+    tokens = keras.Input(shape=(6,), dtype="int64", name="tokens")
+    length = keras.Input(shape=(1,), name="length")
+    pooled = keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(40, 8)(tokens))
+    joined = keras.layers.Concatenate()([pooled, length])
+    return keras.Model({"tokens": tokens, "length": length},
+                       keras.layers.Dense(1)(joined))
+
+  def train_data(self):
+    return self._arrays(200, seed=0)
+
+  def eval_data(self):
+    return self._arrays(60, seed=1)
+
+
+@dataclasses.dataclass
 class EarlyAdapt(TextBag):
   """A mistake: TensorFlow work in __post_init__, before the devices are set up."""
 

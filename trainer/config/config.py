@@ -5,7 +5,8 @@ import dataclasses
 from trainer.config.sections import (TASK_FLAG_ALIASES, DistributeConfig,
                                      InputConfig, LoopConfig, OptimizationConfig,
                                      RunConfig, check_field, default_model_dir,
-                                     flag_names, flag_value, parse_duration)
+                                     flag_names, flag_value,
+                                     parse_class_weight, parse_duration)
 from trainer.errors import ConfigError
 
 
@@ -64,6 +65,8 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
                         "increasing steps >= 1, e.g. 1000,2000")
     if self.lr_schedule == "step" and not self.lr_boundaries:
       raise ConfigError("--lr_schedule=step needs --lr_boundaries, e.g. 1000,2000")
+    if self.class_weight is not None:
+      parse_class_weight(self.class_weight)
     if self.ema_decay and not 0.0 < self.ema_decay < 1.0:
       raise ConfigError(f"--ema_decay={self.ema_decay}: must be in (0, 1), e.g. 0.999 "
                         "(or 0 for no averaging)")

@@ -215,6 +215,16 @@ class OptimizationConfig:
   mixed_precision: str = field("none", "none, mixed_bfloat16 or mixed_float16 (with "
                                "loss scaling).", choices=MIXED_PRECISION, layout=True)
   jit_compile: bool = field(False, "Compile the replica step with XLA.")
+  class_weight: Optional[str] = field(
+      None, "CLASS:WEIGHT,...: weigh each example's training loss by its class, "
+      "as Keras fit(class_weight=...) does, e.g. 0:1,1:50 (classes not named "
+      "weigh 1; evaluation is not weighed). Default: the task's class_weight.")
+
+  @property
+  def class_weights(self) -> Optional[dict]:
+    """--class_weight as {class id: weight} (None when unset)."""
+    return None if self.class_weight is None else parse_class_weight(
+        self.class_weight)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,6 +288,26 @@ def parse_duration(text: str, *, flag: str) -> float:
     raise ConfigError(f"{flag}={text}: must be a positive duration of at most 100 "
                       "years, such as 90m, 2h or 3600s")
   return seconds
+
+
+def parse_class_weight(text: str) -> dict:
+  """{class id: weight} of "0:1,1:50".
+
+  Raises:
+    ConfigError: naming --class_weight and the valid form.
+  """
+  weights = {}
+  try:
+    for pair in text.split(","):
+      label, weight = pair.split(":")
+      weights[int(label)] = float(weight)
+  except ValueError:
+    weights = {}
+  if not weights or min(weights) < 0 or not all(
+      math.isfinite(w) and w >= 0 for w in weights.values()):
+    raise ConfigError(f"--class_weight={text}: must be CLASS:WEIGHT pairs with "
+                      "class ids >= 0 and finite weights >= 0, e.g. 0:1,1:50")
+  return weights
 
 
 def flag_value(value) -> str:

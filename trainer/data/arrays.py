@@ -34,9 +34,11 @@ MAX_GATHER_BYTES = 2**30  # Larger arrays keep the tf.data path (a copy per devi
 
 @dataclasses.dataclass(frozen=True)
 class ArrayData(base.TaskData):
-  """(features, labels) held in memory: nests of arrays with a common first dim."""
+  """(features, labels[, weights]) held in memory: nests of arrays with a common
+  first dimension (weights: one float per example)."""
   features: object
   labels: object
+  weights: object = None
   what: str = "the arrays"
 
   @property
@@ -44,14 +46,18 @@ class ArrayData(base.TaskData):
     return len(tf.nest.flatten(self.features)[0])
 
   @property
+  def _arrays(self) -> tuple:
+    """(features, labels) or (features, labels, weights), as the task gave them."""
+    return (self.features, self.labels) + (
+        () if self.weights is None else (self.weights,))
+
+  @property
   def element_spec(self):
     return tf.nest.map_structure(
-        lambda a: tf.TensorSpec(a.shape[1:], tf.as_dtype(a.dtype)),
-        (self.features, self.labels))
+        lambda a: tf.TensorSpec(a.shape[1:], tf.as_dtype(a.dtype)), self._arrays)
 
   def first(self, count: int):
-    return tf.nest.map_structure(lambda a: tf.constant(a[:count]),
-                                 (self.features, self.labels))
+    return tf.nest.map_structure(lambda a: tf.constant(a[:count]), self._arrays)
 
   def identity(self) -> dict:
     return {"examples": self.num_examples}
@@ -69,22 +75,23 @@ class ArrayData(base.TaskData):
           f"{cluster.num_replicas} replicas); lower --per_replica_batch_size or "
           "--global_batch_size")
 
-  def _tensors(self):
-    return tf.nest.map_structure(tf.constant, (self.features, self.labels))
+  def _tensors(self) -> tuple:
+    """(features, labels, weights or None) as tensors."""
+    return (*tf.nest.map_structure(tf.constant, (self.features, self.labels)),
+            None if self.weights is None else tf.constant(self.weights, tf.float32))
 
   def train_dataset(self, order: base.Order, *, start_step: int,
                     preprocess=None) -> tf.data.Dataset:
-    """The endless stream of global batches from `start_step` on, each gathered
-    by the indices of its positions."""
+    """The endless stream of global batches of (features, labels, weights) from
+    `start_step` on, each gathered by the indices of its positions."""
     n, batch = self.num_examples, order.global_batch_size
-    features, labels = self._tensors()
+    features, labels, weights = self._tensors()
 
     def gather(positions):
       index = example_indices(positions, num_examples=n, order=order)
-      take = lambda a: tf.gather(a, index)  # noqa: E731
-      taken = tf.nest.map_structure(take, features)
+      taken = tf.nest.map_structure(lambda a: tf.gather(a, index), features)
       return (taken if preprocess is None else preprocess(taken),
-              tf.nest.map_structure(take, labels))
+              *_labels_and_weights(labels, weights, index))
 
     dataset = tf.data.Dataset.range(start_step * batch, _ENDLESS)
     dataset = dataset.batch(batch, drop_remainder=True)
@@ -100,14 +107,14 @@ class ArrayData(base.TaskData):
     del cluster
     n = self.num_examples
     num_batches = -(-n // global_batch_size)
-    features, labels = self._tensors()
+    features, labels, weights = self._tensors()
 
     def gather(positions):
       index = tf.minimum(positions, n - 1)  # Padding repeats the last example...
-      weight = tf.cast(positions < n, tf.float32)  # ...with weight 0.
-      take = lambda a: tf.gather(a, index)  # noqa: E731
-      return (preprocess(tf.nest.map_structure(take, features)),
-              tf.nest.map_structure(take, labels), weight)
+      padding = tf.cast(positions < n, tf.float32)  # ...with weight 0.
+      taken = tf.nest.map_structure(lambda a: tf.gather(a, index), features)
+      return (preprocess(taken), *_labels_and_weights(labels, weights, index),
+              padding)
 
     dataset = tf.data.Dataset.range(num_batches * global_batch_size)
     dataset = dataset.batch(global_batch_size, drop_remainder=True)
@@ -135,13 +142,23 @@ class ArrayData(base.TaskData):
     # order would differ, so those keep the tf.data path.
     if cluster.num_workers > 1 and cluster.num_replicas > cluster.num_workers:
       return None
-    size = sum(np.asarray(a).nbytes
-               for a in tf.nest.flatten((self.features, self.labels)))
+    if any(_is_text(a) for a in tf.nest.flatten(self._arrays)):
+      return None  # Strings stay with tf.data on the host (no copy per device).
+    size = sum(np.asarray(a).nbytes for a in tf.nest.flatten(self._arrays))
     if size > MAX_GATHER_BYTES:
       return None
     return GatherInput(strategy=strategy, data=self, order=order,
                        per_replica_batch_size=per_replica_batch_size,
                        preprocess=preprocess)
+
+
+@tf.autograph.experimental.do_not_convert
+def _labels_and_weights(labels, weights, index) -> tuple:
+  """The labels at `index`, and their weights (ones where the task gave none)."""
+  taken = tf.nest.map_structure(lambda a: tf.gather(a, index), labels)
+  if weights is None:
+    return taken, tf.ones(tf.shape(index)[:1], tf.float32)
+  return taken, tf.gather(weights, index)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -188,7 +205,7 @@ class GatherInput:
     # One copy per replica device, made locally on every worker (each has the
     # same arrays): not variables, which multi-worker would broadcast (and
     # collectives have no uint8).
-    arrays, devices = (data.features, data.labels), strategy.extended.worker_devices
+    arrays, devices = data._arrays, strategy.extended.worker_devices  # noqa: SLF001
 
     def on_replica_device(context):  # Not placed by the strategy itself.
       with tf.device(devices[context.replica_id_in_sync_group % len(devices)]):
@@ -198,45 +215,63 @@ class GatherInput:
         on_replica_device)
 
   def replica_batch(self, micro_step, arrays):
-    """This replica's (features, labels) of global micro-step `micro_step`, from
-    its copy `arrays` of the data (`self.arrays`, passed through strategy.run);
-    call in a replica context."""
+    """This replica's (features, labels, weights) of global micro-step
+    `micro_step`, from its copy `arrays` of the data (`self.arrays`, passed
+    through strategy.run); call in a replica context."""
     replica = tf.cast(
         tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
     first = (tf.cast(micro_step, tf.int64) * self._order.global_batch_size
              + replica * self._per_replica)
     index = example_indices(tf.range(first, first + self._per_replica),
                             num_examples=self._num_examples, order=self._order)
-    features, labels = tf.nest.map_structure(lambda a: tf.gather(a, index), arrays)
-    return self._preprocess(features), labels
+    features = tf.nest.map_structure(lambda a: tf.gather(a, index), arrays[0])
+    weights = None if len(arrays) == 2 else tf.cast(arrays[2], tf.float32)
+    return (self._preprocess(features),
+            *_labels_and_weights(arrays[1], weights, index))
 
 
 def check_arrays(value, *, what: str) -> ArrayData:
-  """`(features, labels)` arrays (or nests of arrays) as ArrayData.
+  """`(features, labels[, weights])` arrays (or nests of arrays) as ArrayData.
 
   Raises:
-    DataError: not a pair of arrays, a scalar, non-numeric values, unequal
-      example counts, or no examples.
+    DataError: not two or three arrays, a scalar, non-numeric values, unequal
+      example counts, weights that are not one number per example, or no
+      examples.
   """
-  if not (isinstance(value, (tuple, list)) and len(value) == 2):
-    raise DataError(f"{what}: must return (features, labels) arrays or a "
-                    f"tf.data.Dataset, got {type(value).__name__}")
+  if not (isinstance(value, (tuple, list)) and len(value) in (2, 3)):
+    raise DataError(f"{what}: must return (features, labels) arrays, (features, "
+                    f"labels, weights), or a tf.data.Dataset, got "
+                    f"{type(value).__name__}")
   try:
-    features, labels = tf.nest.map_structure(np.asarray, tuple(value))
+    arrays = tf.nest.map_structure(np.asarray, tuple(value))
   except (TypeError, ValueError) as e:
     raise DataError(f"{what}: features and labels must be arrays or dicts of "
                     f"arrays ({e})") from None
-  leaves = tf.nest.flatten((features, labels))
+  leaves = tf.nest.flatten(arrays)
   for leaf in leaves:
     if leaf.ndim == 0:
       raise DataError(f"{what}: every array needs a leading example dimension, got "
                       "a scalar")
-    if not (np.issubdtype(leaf.dtype, np.number) or leaf.dtype == np.bool_):
-      raise DataError(f"{what}: arrays must be numeric, got dtype {leaf.dtype}")
+    if not (np.issubdtype(leaf.dtype, np.number) or leaf.dtype == np.bool_ or
+            _is_text(leaf)):
+      raise DataError(f"{what}: arrays must be numbers or strings, got dtype "
+                      f"{leaf.dtype}")
   sizes = sorted({len(leaf) for leaf in leaves})
   if len(sizes) > 1:
-    raise DataError(f"{what}: features and labels have different numbers of "
-                    f"examples ({', '.join(map(str, sizes))})")
+    raise DataError(f"{what}: features, labels and weights have different numbers "
+                    f"of examples ({', '.join(map(str, sizes))})")
   if sizes[0] == 0:
     raise DataError(f"{what}: no examples")
-  return ArrayData(features, labels, what=what)
+  if len(arrays) == 3 and not (isinstance(arrays[2], np.ndarray) and
+                               arrays[2].ndim == 1):
+    raise DataError(f"{what}: weights must be one number per example, shape "
+                    f"({sizes[0]},)")
+  return ArrayData(*arrays, what=what)
+
+
+def _is_text(array: np.ndarray) -> bool:
+  """Whether an array holds strings (str or bytes; an object array of them)."""
+  if array.dtype.kind in ("U", "S"):
+    return True
+  return array.dtype == object and all(isinstance(v, (str, bytes))
+                                       for v in array.ravel())

@@ -127,6 +127,18 @@ class TaskData:
     return None
 
 
+@tf.autograph.experimental.do_not_convert
+def weighted(*element, batched: bool) -> tuple:
+  """(features, labels, weights) of an element given with or without weights:
+  weights are float32, ones (one per example of a batch) where there were none."""
+  if len(element) == 3:
+    features, labels, weights = element
+    return features, labels, tf.cast(weights, tf.float32)
+  features, labels = element
+  size = tf.shape(tf.nest.flatten(labels)[0])[:1] if batched else []
+  return features, labels, tf.ones(size, tf.float32)
+
+
 def dataset_options(shard_policy=tf.data.experimental.AutoShardPolicy.DATA
                     ) -> tf.data.Options:
   """Deterministic order, and the auto-shard policy given explicitly.

@@ -218,8 +218,9 @@ def resolve(records: TFRecords, *, what: str) -> TFRecords:
     raise DataError(f"{flag}: {first}: record 0: {record_files.error_line(e)}"
                     ) from None
   spec = records.element_spec
-  if not (isinstance(spec, tuple) and len(spec) == 2):
-    raise DataError(f"{flag}: parse must return (features, labels), got {spec}")
+  if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+    raise DataError(f"{flag}: parse must return (features, labels) or (features, "
+                    f"labels, weights), got {spec}")
   if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
     raise DataError(f"{flag}: parse must return tensors of known shapes (e.g. "
                     f"tf.ensure_shape), got {spec}")

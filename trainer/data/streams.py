@@ -45,17 +45,30 @@ def pipeline_seed(order: base.Order, pipeline_id: int) -> int:
 
 
 def padded(dataset: tf.data.Dataset, *, padding: int) -> tf.data.Dataset:
-  """(features, labels, weight) elements: `dataset`'s with weight 1, then
-  `padding` weight-0 copies of its first element (zeros if it has none)."""
+  """(features, labels, weights, padding) elements: `dataset`'s with padding 1,
+  then `padding` copies of its first element with padding 0 (zeros if it has
+  none): they count for nothing."""
+  dataset = dataset.map(lambda *e: base.weighted(*e, batched=False))
   spec = dataset.element_spec
   source = dataset.take(1)
   if all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
     source = source.concatenate(tf.data.Dataset.from_tensors(
         tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec))).take(1)
-  real = dataset.map(lambda f, y: (f, y, tf.constant(1.0)))
+  real = dataset.map(lambda f, y, w: (f, y, w, tf.constant(1.0)))
   # cache(): the padding element is read once, not `padding` times.
-  pad = source.cache().map(lambda f, y: (f, y, tf.constant(0.0))).repeat(padding)
-  return real.concatenate(pad)
+  pad = source.cache().map(lambda f, y, w: (f, y, w, tf.constant(0.0)))
+  return real.concatenate(pad.repeat(padding))
+
+
+def preprocessed(preprocess):
+  """The map from a batch, with or without weights, to (model inputs, labels,
+  weights)."""
+
+  def batch_map(*batch):
+    features, labels, weights = base.weighted(*batch, batched=True)
+    return preprocess(features), labels, weights
+
+  return batch_map
 
 
 def max_over_workers(strategy, cluster, value: int) -> int:
@@ -99,7 +112,7 @@ class PerPipeline(base.TaskData):
       # A plain map: a parallel one after the batch is rewritten under
       # multi-worker with an error line on stderr, and batches are cheap to
       # preprocess.
-      dataset = batches.map(lambda features, labels: (preprocess(features), labels))
+      dataset = batches.map(preprocessed(preprocess))
       return dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options(OFF))
 
     return strategy.distribute_datasets_from_function(build, base.input_options())
@@ -114,7 +127,7 @@ class PerPipeline(base.TaskData):
       dataset = padded(self.pipeline_examples(context),
                        padding=num_batches * per_step - mine)
       dataset = dataset.batch(per_replica, drop_remainder=True).map(
-          lambda f, y, w: (preprocess(f), y, w))
+          lambda f, y, w, p: (preprocess(f), y, w, p))
       return dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options(OFF))
 
     return (strategy.distribute_datasets_from_function(build, base.input_options()),
@@ -161,8 +174,7 @@ class StreamData(base.TaskData):
   def train_input(self, strategy, cluster, order, *, start_step, preprocess):
     del cluster
     dataset = self._batches(order, start_step=start_step).map(
-        lambda features, labels: (preprocess(features), labels),
-        num_parallel_calls=tf.data.AUTOTUNE)
+        preprocessed(preprocess), num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options())
     return base.distribute(strategy, dataset)
 
@@ -172,7 +184,8 @@ class StreamData(base.TaskData):
     num_batches = -(-n // global_batch_size)
     dataset = padded(self.dataset, padding=num_batches * global_batch_size - n)
     dataset = dataset.batch(global_batch_size, drop_remainder=True).map(
-        lambda f, y, w: (preprocess(f), y, w), num_parallel_calls=tf.data.AUTOTUNE)
+        lambda f, y, w, p: (preprocess(f), y, w, p),
+        num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options())
     return base.distribute(strategy, dataset), num_batches
 
@@ -258,9 +271,12 @@ def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool,
       (`finite`: an eval split) it is infinite.
   """
   spec = dataset.element_spec
-  if not (isinstance(spec, tuple) and len(spec) == 2):
-    raise DataError(f"{what}: {kind} must yield (features, labels) pairs, got "
-                    f"elements {spec}")
+  if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+    raise DataError(f"{what}: {kind} must yield (features, labels) pairs or "
+                    f"(features, labels, weights), got elements {spec}")
+  if len(spec) == 3 and not (isinstance(spec[2], tf.TensorSpec) and
+                             spec[2].shape.rank == 0):
+    raise DataError(f"{what}: an element's weight must be one number, got {spec[2]}")
   if is_batched(dataset):
     raise DataError(
         f"{what}: {name} yields batches (it calls batch(); elements {spec}), but "

@@ -19,9 +19,18 @@ _PAIR = re.compile(r"^(?P<name>\S+) (?P<value>\S+)$")
 
 
 def format_metrics(metrics: dict) -> str:
-  """`loss 0.1234  accuracy 0.9000`: every metric but the example count."""
-  return "  ".join(f"{name} {value:.4f}" for name, value in metrics.items()
-                   if name != "examples")
+  """`loss 0.1234  accuracy 0.9000`: every scalar metric but the example count
+  (a confusion matrix is in results.json and TensorBoard, not on a line)."""
+  return "  ".join(f"{name} {format_number(value)}" for name, value in metrics.items()
+                   if name != "examples" and not isinstance(value, list))
+
+
+def format_number(value: float) -> str:
+  """Four decimals, or four significant digits where those would show 0.0000
+  (a loss weighted by 1/count per class is 1e-6)."""
+  if value == 0 or not 0 < abs(value) < 5e-4:
+    return f"{value:.4f}"
+  return f"{value:.4g}"
 
 
 def _pairs(text: str, split: str) -> dict:

@@ -48,11 +48,15 @@ class Summaries:
         event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
   def scalars(self, split: str, step: int, values: dict):
-    """Writes each {tag: value} at `step` under MODEL_DIR/split (one event)."""
+    """Writes each {tag: value} at `step` under MODEL_DIR/split (one event); a
+    value that is a list (a metric such as a confusion matrix) as a text table."""
     if not self._enabled:
       return
     summary = summary_pb2.Summary()
     for tag, value in values.items():
+      if isinstance(value, list):
+        self.text(split, step, tag, _table(value))
+        continue
       # What tf.summary.scalar writes: a float32 scalar tensor of the scalars plugin.
       summary.value.add(tag=tag, metadata=_SCALAR_METADATA,
                         tensor=tensor_pb2.TensorProto(
@@ -139,3 +143,15 @@ class StepSummaries:
 def markdown_flags(flag_lines) -> str:
   """The effective flags as a Markdown code block, for a text summary."""
   return "```\n" + "\n".join(flag_lines) + "\n```"
+
+
+def _table(values: list) -> str:
+  """A Markdown table of a vector or a matrix (TensorBoard's Text tab renders
+  it), a row per first index."""
+  rows = [row if isinstance(row, list) else [row] for row in values]
+  width = max(len(row) for row in rows)
+  lines = ["| | " + " | ".join(str(j) for j in range(width)) + " |",
+           "|---" * (width + 1) + "|"]
+  lines += [f"| **{i}** | " + " | ".join(f"{v:g}" for v in row) + " |"
+            for i, row in enumerate(rows)]
+  return "\n".join(lines)

@@ -95,10 +95,12 @@ class Task:
   Required: `build_model`, `train_data`, `loss`. Everything else has a default.
 
   Data (`train_data`, `eval_data`) is one of
-  - arrays: `(features, labels)`, each a numpy array or a dict of arrays with the
-    same first dimension. The training order is then a pure function of
-    (--seed, step): exact resume needs no iterator state.
-  - an unbatched `tf.data.Dataset` of `(features, labels)` elements. The framework
+  - arrays: `(features, labels)` or `(features, labels, sample_weights)`, each a
+    numpy array or a dict of arrays with the same first dimension (numbers or
+    strings). The training order is then a pure function of (--seed, step):
+    exact resume needs no iterator state.
+  - an unbatched `tf.data.Dataset` of `(features, labels)` or `(features, labels,
+    sample_weight)` elements. The framework
     repeats it, shuffles it with a seeded buffer (--shuffle, --shuffle_buffer),
     batches it and, on resume, skips the batches already trained on.
   - `trainer.data.TFRecords(files, parse=...)`: each worker reads only its own
@@ -115,11 +117,15 @@ class Task:
     metric_goals: {"metric name": "max" or "min"}: which way is better, for
       `--best_metric` and sweeps. Metrics not listed (and the loss) are "min".
     best_metric: the metric that picks the best evaluation by default.
+    class_weight: {class id: weight} weighing each example's training loss by
+      its label's class, as Keras `fit(class_weight=...)` (classes not named
+      weigh 1; evaluation is not weighed); --class_weight overrides it.
   """
 
   layout_fields: ClassVar[Optional[Tuple[str, ...]]] = None
   metric_goals: ClassVar[Dict[str, str]] = {}
   best_metric: ClassVar[str] = "eval/loss"
+  class_weight: ClassVar[Optional[Dict[int, float]]] = None
 
   def prepare(self, context: RunContext):
     """One-time preparation that needs TensorFlow or the run: loading data,
@@ -164,27 +170,57 @@ class Task:
     return None
 
   def loss(self, labels, outputs):
-    """Returns per-example losses, shape [batch] (the framework averages them)."""
+    """Returns per-example losses, shape [batch].
+
+    The framework weighs them by the examples' sample weights (and, in
+    training, their class weights) and averages them over the global batch, as
+    Keras' default `sum_over_batch_size` reduction. A `keras.losses.Loss` works
+    too, as the attribute itself (`loss = keras.losses.BinaryCrossentropy()`):
+    the framework takes its per-example values.
+    """
     raise NotImplementedError(f"{type(self).__name__} must define loss()")
 
   def metrics(self, labels, outputs) -> dict:
     """Returns {name: per-example values, shape [batch]}.
 
-    The framework reports their exact (weighted) means over a loop call in
+    The framework reports their exact weighted means over a loop call in
     training and over the whole split in evaluation.
     """
     del labels, outputs
     return {}
 
-  def finalize_metrics(self, means: dict) -> dict:
-    """Maps the metrics' exact means to what is reported (e.g. adds sqrt(mse)).
+  def build_metrics(self) -> dict:
+    """Returns {name: keras.metrics.Metric}: streaming metrics such as AUC,
+    Precision or F1Score (any metric whose state is sums).
+
+    Called once, inside `strategy.scope()`. The framework updates each metric
+    on every replica with `(labels, outputs, sample_weight)` (padding weighs 0),
+    merges them exactly over replicas and workers, resets them for each loop
+    call and each evaluation, and reports `result()` under the name. For a model
+    with dict outputs, give `(metric, output key)`. Default: none.
+
+    Example:
+      def build_metrics(self):
+        return {"auc": keras.metrics.AUC(), "recall": keras.metrics.Recall()}
+    """
+    return {}
+
+  def finalize_metrics(self, means: dict, *, sums: dict, examples: int) -> dict:
+    """Maps what was measured to what is reported (e.g. adds sqrt(mse)).
+
+    Called on every loop call's and every evaluation's values (an override may
+    leave out `sums` and `examples` from its signature).
 
     Args:
-      means: {"loss": ..., metric name: mean, ...}.
+      means: {"loss": mean, metric: weighted mean, streaming metric: result()}.
+      sums: {metric: weighted sum, "loss": the weighted losses' sum (evaluation;
+        in training, the steps' mean losses' sum), "weight": the weights' sum}.
+      examples: how many examples were measured (padding excluded).
 
     Returns:
       The dict to report (the default returns `means` unchanged).
     """
+    del sums, examples
     return means
 
   def preprocess(self, features):

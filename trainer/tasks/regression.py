@@ -82,7 +82,8 @@ class Regression(Task):
     return {"mae": tf.reduce_mean(tf.abs(error), axis=-1),
             "mse": tf.reduce_mean(tf.square(error), axis=-1)}
 
-  def finalize_metrics(self, means):
+  def finalize_metrics(self, means, *, sums, examples):
+    del sums, examples
     return dict(means, rmse=float(np.sqrt(means["mse"])))
 
   def serving_outputs(self, outputs):

@@ -78,13 +78,9 @@ class Controller:
                                      step=step)
     seconds = time.perf_counter() - start
     self._calls += 1
-    examples = max(float(outputs["examples"]), 1.0)
-    means = {"loss": float(outputs["loss"]) / num_steps}
-    means.update({name: float(outputs[name]) / examples
-                  for name in trainer.metric_names})
     return LoopCall(index=self._calls, step=int(outputs["step"]), num_steps=num_steps,
                     seconds=seconds, outputs=outputs,
-                    metrics=trainer.task.finalize_metrics(means))
+                    metrics=trainer.call_metrics(outputs, num_steps=num_steps))
 
   def train(self) -> RunStatus:
     """Runs loop calls until --train_steps or the workers agree to stop.

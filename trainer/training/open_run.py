@@ -11,12 +11,14 @@ there, so it can watch a live run.
 import os
 from typing import Optional
 
+import keras
+
 from trainer import config as config_lib
 from trainer.config import DistributeConfig
 from trainer.errors import ConfigError, ModelDirError
 from trainer.outputs import run_dir
 from trainer.tasks import Task
-from trainer.training import checkpoint_files, setup
+from trainer.training import checkpoint_files, probe, setup
 from trainer.training.setup import Built
 
 # This process's own: where it runs and what it prints, never the run's.
@@ -89,7 +91,8 @@ def load(model_dir: str, *, best: bool = False) -> tuple:
 
   The model holds the latest checkpoint's weights (with `best`, the best
   evaluation's), as evaluations and the export use them (the moving averages
-  with --ema_decay and --eval_with_ema). It is built on one device.
+  with --ema_decay and --eval_with_ema). It is built outside any strategy: a
+  plain Keras model, ready for `compile`, `evaluate` and `predict`.
 
   Example:
     >>> task, model = trainer.load("runs/q1")  # doctest: +SKIP
@@ -113,4 +116,20 @@ def load(model_dir: str, *, best: bool = False) -> tuple:
                           "--mode=train_and_eval runs)")
     trainer.read_weights(path)
   trainer.use_evaluated_weights()
-  return built.task, trainer.model
+  return built.task, _outside_the_strategy(built)
+
+
+def _outside_the_strategy(built: Built):
+  """A copy of the run's model built outside any strategy, holding its weights:
+  Keras' own compile, evaluate and predict work on it as on any model (one built
+  under the run's strategy takes only metrics built under that strategy)."""
+  previous = keras.mixed_precision.global_policy()
+  if built.config.mixed_precision != "none":
+    keras.mixed_precision.set_global_policy(built.config.mixed_precision)
+  try:
+    keras.utils.set_random_seed(built.config.seed)
+    model, _ = probe.built_model(built.task, built.train_data.first(1)[0])
+  finally:
+    keras.mixed_precision.set_global_policy(previous)
+  model.set_weights(built.trainer.model.get_weights())
+  return model

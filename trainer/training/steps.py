@@ -76,45 +76,45 @@ def float32_outputs(outputs):
       lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
 
 
-@tf.autograph.experimental.do_not_convert
-def per_example(values):
-  """A task's per-example loss or metric as float32 (shapes were checked on a
-  probe batch before the first step: see state.py)."""
-  return tf.cast(values, tf.float32)
-
-
-def make_eval_loop(*, strategy, task, model, ledger, totals, per_replica_batch_size):
-  """Builds `eval_loop(iterator, num_steps)` accumulating weighted sums in `totals`.
+def make_eval_loop(*, strategy, objective, model, ledger, totals,
+                   per_replica_batch_size):
+  """Builds `eval_loop(iterator, num_steps) -> {streaming metric: result}`,
+  accumulating weighted sums in `totals`.
 
   Args:
     strategy: the tf.distribute strategy.
-    task: the Task: its loss and metrics, on (labels, outputs).
+    objective: the task's loss and metrics (training.objective).
     model: the task's Keras model.
     ledger: a ReplicaLedger for eval batches.
-    totals: Totals of "loss", "examples" and the task's metric names, sums
-      weighted by example weight (0 for padding).
+    totals: Totals of "loss", "examples", "weight" and the task's metric names:
+      sums weighted by each example's weight, "examples" counting the real ones
+      (padding has weight 0).
     per_replica_batch_size: examples each replica must receive per step.
 
   Returns:
     A tf.function.
   """
 
-  def replica_step(features, labels, weight):
+  def replica_step(features, labels, weights, padding):
     ledger.record(check_batch(features, per_replica_batch_size))
     outputs = float32_outputs(model(features, training=False))
-    sums = {name: tf.reduce_sum(per_example(values) * weight)
-            for name, values in task.metrics(labels, outputs).items()}
-    sums["loss"] = tf.reduce_sum(per_example(task.loss(labels, outputs))
-                                 * weight)
-    sums["examples"] = tf.reduce_sum(weight)
+    weights = weights * padding
+    objective.update_streaming(labels, outputs, weights)
+    sums = objective.metric_sums(labels, outputs, weights)
+    sums["loss"] = tf.reduce_sum(objective.loss(labels, outputs, weights,
+                                                training=False))
+    sums["examples"] = tf.reduce_sum(padding)
+    sums["weight"] = tf.reduce_sum(weights)
     totals.add(sums)
 
   @tf.function
   def eval_loop(iterator, num_steps):
     strategy.run(totals.reset)
     strategy.run(ledger.reset)
+    strategy.run(objective.reset_streaming)
     for _ in tf.range(num_steps):
       strategy.run(replica_step, args=next(iterator))
+    return objective.streaming_results()
 
   return eval_loop
 

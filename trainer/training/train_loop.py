@@ -17,8 +17,8 @@ import dataclasses
 import tensorflow as tf
 
 from trainer.training import profile
-from trainer.training.steps import (check_batch, float32_outputs, loss_scale,
-                                    per_example)
+from trainer.training.objective import Objective
+from trainer.training.steps import check_batch, float32_outputs, loss_scale
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -106,19 +106,20 @@ class TrainLoop:
   by a loss scale), and applies the update like a step of the loop.
   """
 
-  def __init__(self, *, strategy, task, model, optimizer, global_step, ledger,
-               totals, per_replica_batch_size, global_batch_size,
-               jit_compile=False, rule: UpdateRule = UpdateRule(), gather=None):
+  def __init__(self, *, strategy, objective: Objective, model, optimizer,
+               global_step, ledger, totals, per_replica_batch_size,
+               global_batch_size, jit_compile=False, rule: UpdateRule = UpdateRule(),
+               gather=None):
     """Builds the loop's tf.functions (traced at their first call).
 
     Args:
       strategy: the tf.distribute strategy the variables live under.
-      task: the Task: its loss and metrics, on (labels, outputs).
+      objective: the task's loss and metrics, on (labels, outputs, weights).
       model: the task's Keras model.
       optimizer: a Keras optimizer built on `model.trainable_variables`.
       global_step: int64 variable, incremented once per update.
       ledger: a ReplicaLedger for training (micro-)batches.
-      totals: Totals of "loss", "examples" and the task's metric names.
+      totals: Totals of "loss", "examples", "weight" and the task's metric names.
       per_replica_batch_size: examples each replica must receive per micro-step.
       global_batch_size: examples per micro-step over all replicas.
       jit_compile: compile the replica's forward and backward pass with XLA.
@@ -126,7 +127,7 @@ class TrainLoop:
       gather: a data.GatherInput: each replica gathers its batch in-graph from the
         global step (the loops' `iterator` is then None), instead of next().
     """
-    self._strategy, self._task, self._model = strategy, task, model
+    self._strategy, self._objective, self._model = strategy, objective, model
     self._optimizer, self._global_step = optimizer, global_step
     self._ledger, self._totals = ledger, totals
     self._per_replica_batch_size = per_replica_batch_size
@@ -142,28 +143,32 @@ class TrainLoop:
     self.loop = tf.function(self.train_loop)
     self.diagnose = tf.function(self._diagnose)
 
-  def _forward_backward_fn(self, features, labels):
-    model, task, rule = self._model, self._task, self._rule
+  def _forward_backward_fn(self, features, labels, weights):
+    model, objective, rule = self._model, self._objective, self._rule
     with tf.GradientTape() as tape:
       outputs = float32_outputs(model(features, training=True))
-      loss = tf.nn.compute_average_loss(per_example(task.loss(labels, outputs)),
-                                        global_batch_size=self._update_batch_size)
+      # Keras' sum_over_batch_size: the weighted losses' sum over the examples.
+      loss = tf.nn.compute_average_loss(
+          objective.loss(labels, outputs, weights, training=True),
+          global_batch_size=self._update_batch_size)
       if model.losses:
         loss += tf.nn.scale_regularization_loss(
             tf.cast(tf.add_n(model.losses), tf.float32)) / rule.accum_steps
       scaled_loss = self._optimizer.scale_loss(loss)
     gradients = tape.gradient(scaled_loss, self._variables)
-    metrics = {name: tf.reduce_sum(per_example(values))
-               for name, values in task.metrics(labels, outputs).items()}
-    return gradients, loss, metrics
+    return gradients, loss, outputs
 
-  def _replica_step(self, features, labels):
+  def _replica_step(self, features, labels, weights):
     batch_size = check_batch(features, self._per_replica_batch_size)
     self._ledger.record(batch_size)
     # Around the call, so that under --jit_compile the compiled op is in it too.
     with tf.name_scope(profile.FORWARD_BACKWARD):
-      gradients, loss, metrics = self._forward_backward(features, labels)
-    self._totals.add(dict(metrics, loss=loss, examples=batch_size))
+      gradients, loss, outputs = self._forward_backward(features, labels, weights)
+    objective = self._objective
+    objective.update_streaming(labels, outputs, weights)
+    self._totals.add(dict(objective.metric_sums(labels, outputs, weights),
+                          loss=loss, examples=batch_size,
+                          weight=tf.reduce_sum(weights)))
     return gradients
 
   def _gathered_replica_step(self, micro_step_index, arrays):
@@ -177,8 +182,8 @@ class TrainLoop:
     strategy = self._strategy
     if self._gather is None:
       with tf.name_scope(profile.INPUT):
-        features, labels = next(iterator)
-      per_replica = strategy.run(self._replica_step, args=(features, labels))
+        batch = next(iterator)
+      per_replica = strategy.run(self._replica_step, args=batch)
     else:
       per_replica = strategy.run(self._gathered_replica_step,
                                  args=(index, self._gather.arrays))
@@ -236,13 +241,15 @@ class TrainLoop:
     strategy, totals, ledger = self._strategy, self._totals, self._ledger
     strategy.run(totals.reset)
     strategy.run(ledger.reset)
+    strategy.run(self._objective.reset_streaming)
     norm, all_finite = tf.constant(0.0), tf.constant(True)
     clipped = tf.constant(0)
     for _ in tf.range(num_steps):
       norm, step_clipped = self._step(iterator)
       all_finite = tf.logical_and(all_finite, tf.math.is_finite(norm))
       clipped += tf.cast(step_clipped, tf.int32)
-    outputs = dict(totals.values(), gradient_norm=norm,
+    outputs = dict(totals.values(), **self._objective.streaming_results(),
+                   gradient_norm=norm,
                    step=self._global_step.read_value(),
                    learning_rate=tf.cast(self._optimizer.learning_rate, tf.float32),
                    ledger_batches=ledger.batches.read_value(),
@@ -255,6 +262,7 @@ class TrainLoop:
   def _diagnose(self, iterator):
     self._strategy.run(self._totals.reset)
     self._strategy.run(self._ledger.reset)
+    self._strategy.run(self._objective.reset_streaming)
     diagnosis = {}
     norm, _ = self._step(iterator, diagnosis)
     return dict(diagnosis, loss=self._totals.values()["loss"], gradient_norm=norm,

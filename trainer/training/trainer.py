@@ -11,14 +11,12 @@ import tensorflow as tf
 from trainer.config import OptimizationConfig
 from trainer.data import Order, TaskData
 from trainer.distribute.cluster import Cluster
-from trainer.errors import TaskError, user_code
+from trainer.errors import user_code
 from trainer.tasks import Task
-from trainer.tasks.base import METRIC_NAME
-from trainer.training import ledger, optimizers, steps
+from trainer.training import ledger, optimizers, probe, steps
 from trainer.training.checkpoint_files import model_variables, rng_states
+from trainer.training.objective import Objective
 from trainer.training.train_loop import TrainLoop, UpdateRule
-
-_RESERVED = ("loss", "examples")
 
 
 @dataclasses.dataclass
@@ -27,6 +25,7 @@ class Trainer:
 
   Attributes:
     task: the task.
+    objective: its loss and metrics as a step computes them (streaming ones too).
     strategy: the strategy the variables live under.
     cluster: this process's place in the run.
     model: the task's Keras model.
@@ -36,7 +35,8 @@ class Trainer:
     rule: accumulation, clipping, the learning-rate schedule and EMA.
     eval_with_ema: evaluate and export the moving averages (--eval_with_ema).
     metric_names: the task's per-example metrics, in the order it returns them.
-    reported_metrics: "loss" and what Task.finalize_metrics reports.
+    reported_metrics: what a call or evaluation reports: "loss", the metrics and
+      streaming metrics after Task.finalize_metrics.
     base_learning_rate: the optimizer's rate as built (None: the task's schedule).
     per_replica_batch_size: examples per replica per (micro-)step.
     order: the training data's order (seed, shuffle, buffer, global batch).
@@ -49,6 +49,7 @@ class Trainer:
       then take no iterator), else None.
   """
   task: Task
+  objective: Objective
   strategy: tf.distribute.Strategy
   cluster: Cluster
   model: keras.Model
@@ -100,8 +101,9 @@ class Trainer:
     try:
       with strategy.scope():
         keras.utils.set_random_seed(seed)
-        model, metric_names, reported = _model(task, train_data,
-                                               min(per_replica_batch_size, 8))
+        model, objective, metric_names, reported = probe.model_and_objective(
+            task, train_data, min(per_replica_batch_size, 8),
+            class_weight=optimization.class_weights)
         with user_code("Task.build_optimizer"):
           optimizer = optimizers.build_optimizer(optimization, task)
         optimizer.build(model.trainable_variables)
@@ -112,22 +114,24 @@ class Trainer:
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         ledgers = [ledger.ReplicaLedger(num_replicas=strategy.num_replicas_in_sync,
                                         name=name) for name in ("train", "eval")]
-        totals = [ledger.Totals("loss", "examples", *metric_names) for _ in "te"]
+        totals = [ledger.Totals("loss", "examples", "weight", *metric_names)
+                  for _ in "te"]
     finally:
       keras.mixed_precision.set_global_policy(previous_policy)
     gather_input = train_data.gather_input(
         strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,
         preprocess=task.preprocess) if gather else None
     train = TrainLoop(
-        strategy=strategy, task=task, model=model, optimizer=optimizer,
+        strategy=strategy, objective=objective, model=model, optimizer=optimizer,
         global_step=global_step, ledger=ledgers[0], totals=totals[0],
         per_replica_batch_size=per_replica_batch_size,
         global_batch_size=order.global_batch_size,
         jit_compile=optimization.jit_compile, rule=rule, gather=gather_input)
     eval_loop = steps.make_eval_loop(
-        strategy=strategy, task=task, model=model, ledger=ledgers[1],
+        strategy=strategy, objective=objective, model=model, ledger=ledgers[1],
         totals=totals[1], per_replica_batch_size=per_replica_batch_size)
-    return cls(task=task, strategy=strategy, cluster=cluster, model=model,
+    return cls(task=task, objective=objective, strategy=strategy, cluster=cluster,
+               model=model,
                optimizer=optimizer, global_step=global_step, rule=rule,
                eval_with_ema=optimization.eval_with_ema, metric_names=metric_names,
                reported_metrics=reported,
@@ -248,6 +252,19 @@ class Trainer:
             position=step * per_step, records=int(num_steps) * per_step))
     return {k: v.numpy() for k, v in outputs.items()}
 
+  def call_metrics(self, outputs: dict, *, num_steps: int) -> dict:
+    """What a loop call of `num_steps` steps reports, from its outputs: "loss"
+    (the mean of the steps' losses), each metric's weighted mean and each
+    streaming metric's result, after `Task.finalize_metrics`."""
+    sums = {name: float(outputs[name]) for name in self.metric_names}
+    weight = float(outputs["weight"])
+    means = {"loss": float(outputs["loss"]) / num_steps}
+    means.update({name: _mean(value, weight) for name, value in sums.items()})
+    return self.objective.report(
+        means, sums=dict(sums, loss=float(outputs["loss"]), weight=weight),
+        examples=int(outputs["examples"]),
+        streaming={name: outputs[name] for name in self.objective.streaming})
+
   def evaluate(self, eval_data: TaskData) -> dict:
     """Runs the padded eval split through the eval loop, with the evaluated
     weights.
@@ -264,71 +281,27 @@ class Trainer:
         self.strategy, self.cluster, global_batch_size=self.global_batch_size,
         preprocess=self.task.preprocess)
     with self.evaluated_weights():
-      steps.call_checked(self.eval_loop, iter(dataset), tf.constant(num_batches),
-                         explain_input_error=lambda e: eval_data.explain_error(
-                             e, self.cluster, split="eval", step=self.step))
+      streaming = steps.call_checked(
+          self.eval_loop, iter(dataset), tf.constant(num_batches),
+          explain_input_error=lambda e: eval_data.explain_error(
+              e, self.cluster, split="eval", step=self.step))
     self.eval_ledger.check(expected_batches=num_batches,
                            per_replica_batch_size=self.per_replica_batch_size)
-    totals = self.eval_totals.read()
-    examples = totals.pop("examples")
-    means = self.task.finalize_metrics({k: v / examples for k, v in totals.items()})
-    return dict(means, examples=int(round(examples)))
+    sums = self.eval_totals.read()
+    examples, weight = sums.pop("examples"), sums.pop("weight")
+    # As Keras: the loss is the weighted losses' mean over the examples, a
+    # metric its weighted mean (over the weights).
+    means = {k: _mean(v, examples if k == "loss" else weight)
+             for k, v in sums.items()}
+    examples = int(round(examples))
+    reported = self.objective.report(means, sums=dict(sums, weight=weight),
+                                     examples=examples, streaming=streaming)
+    return dict(reported, examples=examples)
 
 
-def _model(task: Task, train_data: TaskData, probe_size: int) -> tuple:
-  """(the task's model, its metric names, its reported names), the model built
-  and probed on a few training examples.
-
-  Raises:
-    TaskError: build_model's result is not a Keras model; the loss or metrics do
-      not fit (see _probe).
-  """
-  with user_code("Task.build_model"):
-    model = task.build_model()
-  if not isinstance(model, keras.Model):
-    raise TaskError(f"Task.build_model() must return a keras.Model, got "
-                    f"{type(model).__name__}")
-  return (model, *_probe(task, model, train_data, probe_size))
-
-
-def _probe(task: Task, model, train_data: TaskData, size: int) -> tuple:
-  """Calls the model on a few training examples (building a subclassed model's
-  weights) and checks the task's loss and metrics on them.
-
-  Returns:
-    (the metric names the task computes, the names it reports after
-    `finalize_metrics`, "loss" included).
-
-  Raises:
-    TaskError: the loss or a metric is not one value per example, metrics() is
-      not a dict, or a metric name cannot be a tag.
-  """
-  features, labels = train_data.first(size)
-  with user_code("Task.preprocess"):
-    inputs = task.preprocess(features)
-  with user_code(f"the model's call ({type(model).__name__})"):
-    outputs = steps.float32_outputs(model(inputs, training=False))
-  batch = int(tf.shape(tf.nest.flatten(features)[0])[0])
-  with user_code("Task.metrics"):
-    metrics = task.metrics(labels, outputs)
-  if not isinstance(metrics, dict):
-    raise TaskError(f"Task.metrics() must return a dict of per-example values, got "
-                    f"{type(metrics).__name__}")
-  for name in metrics:
-    if not isinstance(name, str) or name in _RESERVED or not METRIC_NAME.match(name):
-      raise TaskError(f"Task.metrics(): {name!r} cannot be a metric name (use "
-                      "letters, digits, _ . -; not loss or examples)")
-  with user_code("Task.loss"):
-    loss = task.loss(labels, outputs)
-  for name, values in {"loss": loss, **metrics}.items():
-    shape = tuple(tf.convert_to_tensor(values).shape)
-    if shape != (batch,):
-      what = "Task.loss" if name == "loss" else f"Task.metrics()[{name!r}]"
-      raise TaskError(f"{what} must return one value per example, shape ({batch},) "
-                      f"for a batch of {batch}, got shape {shape}")
-  with user_code("Task.finalize_metrics"):
-    reported = task.finalize_metrics({"loss": 1.0, **{name: 1.0 for name in metrics}})
-  return tuple(metrics), tuple(reported)
+def _mean(total: float, count: float) -> float:
+  """total / count, 0 when nothing counted (as a Keras Mean of no weight)."""
+  return float(total) / float(count) if count else 0.0
 
 
 @contextlib.contextmanager

@@ -1,0 +1,153 @@
+"""What a Keras user brings keeps Keras's numbers: streaming metric objects
+(`Task.build_metrics`) over replicas and workers equal `model.evaluate` on one
+device; sample and class weights train as `fit` does; the eval loss is weighted
+only by the eval data's own weights."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_tasks
+import presets
+import trainer
+from conftest import REPO, TESTS, cli_env, one_line_error, read_results, run_cli
+
+TOLERANCE = 1e-6
+STREAMING = ("auc", "precision", "recall", "f1", "false_negatives")
+
+
+def _keras_evaluate(model, task) -> dict:
+  """Keras's own evaluate of `model` on the task's eval split, one device, one
+  batch per call as Keras picks it (here 64)."""
+  metrics = list(keras_tasks.streaming_metrics().values())
+  x, y, *weights = task.eval_data()
+  # The task's metrics are weighted by the data's weights: Keras' weighted_metrics.
+  model.compile(loss=keras.losses.BinaryCrossentropy(),
+                **{"weighted_metrics" if weights else "metrics": metrics})
+  return model.evaluate(x, y, sample_weight=weights[0] if weights else None,
+                        batch_size=64, verbose=0, return_dict=True)
+
+
+def _check_against_keras(model_dir, task):
+  reported = read_results(model_dir)["eval"]
+  _, model = trainer.load(model_dir)
+  expected = _keras_evaluate(model, task)
+  assert reported["examples"] == task.eval_examples
+  # Within 1e-6; counts (weighted sums of float32, summed in another order) to
+  # 1e-6 of their size.
+  for name in ("loss", *STREAMING):
+    theirs = float(np.ravel(expected[name])[0])
+    assert abs(reported[name] - theirs) <= TOLERANCE * max(1.0, abs(theirs)), (
+        name, reported[name], expected[name])
+  np.testing.assert_allclose(reported["confusion"], expected["confusion"],
+                             rtol=TOLERANCE, atol=TOLERANCE)
+  _, _, *weights = task.eval_data()  # Padding counts nowhere:
+  np.testing.assert_allclose(np.sum(reported["confusion"]),
+                             np.sum(weights[0]) if weights else task.eval_examples,
+                             rtol=1e-6)
+
+
+def test_streaming_metrics_on_two_replicas_equal_keras_evaluate(model_dir):
+  task = keras_tasks.Imbalanced()
+  results = presets.train(
+      "--optimizer=sgd", "--learning_rate=0.2", "--per_replica_batch_size=16",
+      "--steps_per_loop=10", task=task, model_dir=model_dir, cpu_devices=2,
+      train_steps=40, mode="train_and_eval")
+  assert results["status"] == "completed"
+  _check_against_keras(model_dir, task)
+  record = read_results(model_dir)
+  # Training reports them too, reset per loop call: a call of 10 steps counts
+  # 10 x 32 examples in its confusion matrix.
+  assert np.sum(record["train"]["confusion"]) == 320
+  assert set(STREAMING) <= set(record["train"])
+
+
+@pytest.mark.slow
+def test_streaming_metrics_on_two_workers_equal_keras_evaluate(tmp_path):
+  model_dir = str(tmp_path / "run")
+  command = [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
+             "--num_workers=2", "--grace_seconds=5", "--",
+             "--task=keras_tasks:Imbalanced", "--optimizer=sgd",
+             "--learning_rate=0.2", "--per_replica_batch_size=16",
+             "--train_steps=40", "--steps_per_loop=10", "--mode=train_and_eval",
+             "--cpu_devices=1", f"--model_dir={model_dir}"]
+  result = subprocess.run(command, cwd=REPO, env=cli_env(
+      PYTHONPATH=os.pathsep.join([TESTS, REPO]), TMPDIR=str(tmp_path)),
+                          capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  _check_against_keras(model_dir, keras_tasks.Imbalanced())
+
+
+def test_eval_weights_weigh_the_eval_loss_and_metrics_as_keras_does(model_dir):
+  task = keras_tasks.Imbalanced(eval_weights=True)
+  presets.train("--optimizer=sgd", "--learning_rate=0.2",
+                "--per_replica_batch_size=16", task=task, model_dir=model_dir,
+                cpu_devices=2, train_steps=40, mode="train_and_eval")
+  _check_against_keras(model_dir, task)
+
+
+def test_a_metric_that_sums_cannot_merge_is_refused_in_one_line(model_dir):
+  process = run_cli("--task=keras_tasks:UnmergeableMetric", "--train_steps=5",
+                    f"--model_dir={model_dir}", python_path=TESTS)
+  one_line_error(process, "Task.build_metrics()['last']: its state "
+                 "last_batch_mean/value is merged by 'mean', not summed")
+  assert not os.path.exists(model_dir)
+
+
+def _fit_like_keras(task, *, batch_size, steps, **fit_kwargs):
+  """Plain Keras: the task's model, SGD, unshuffled batches of `batch_size`."""
+  keras.utils.set_random_seed(0)
+  model = keras_tasks.imbalanced_model()
+  model.compile(optimizer=keras.optimizers.SGD(0.2),
+                loss=keras.losses.BinaryCrossentropy())
+  x, y, *weights = task.train_data()
+  epochs = steps * batch_size // len(x)
+  model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0,
+            sample_weight=weights[0] if weights else None, **fit_kwargs)
+  return model
+
+
+@pytest.mark.parametrize("task, fit_kwargs", [
+    (keras_tasks.ImbalancedWeighted(), {}),
+    (keras_tasks.ImbalancedClassWeight(), {"class_weight": {0: 0.6, 1: 4.0}}),
+], ids=["sample_weight", "class_weight"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_weights_train_as_keras_fit(task, fit_kwargs, replicas, tmp_path):
+  model_dir = str(tmp_path / "run")
+  # 512 examples in batches of 64, unshuffled: the batches Keras' fit makes.
+  presets.train("--optimizer=sgd", "--learning_rate=0.2", "--shuffle=false",
+                "--global_batch_size=64", task=task, model_dir=model_dir,
+                cpu_devices=replicas, train_steps=24, mode="train_and_eval")
+  expected = _fit_like_keras(task, batch_size=64, steps=24, **fit_kwargs)
+  _, model = trainer.load(model_dir)
+  for ours, theirs in zip(model.weights, expected.weights):
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5,
+                               err_msg=ours.path)
+  # The eval loss is not weighted by the class weights: Keras' val_loss.
+  reported = read_results(model_dir)["eval"]
+  assert abs(reported["loss"] - _keras_evaluate(model, task)["loss"]) <= TOLERANCE
+
+
+def test_class_weight_flag_overrides_the_tasks(tmp_path):
+  flags = ("--optimizer=sgd", "--learning_rate=0.2", "--shuffle=false",
+           "--global_batch_size=64")
+  by_flag, by_task = str(tmp_path / "flag"), str(tmp_path / "task")
+  presets.train(*flags, "--class_weight=0:0.6,1:4", task=keras_tasks.Imbalanced(),
+                model_dir=by_flag, train_steps=8)
+  presets.train(*flags, task=keras_tasks.ImbalancedClassWeight(), model_dir=by_task,
+                train_steps=8)
+  _, a = trainer.load(by_flag)
+  _, b = trainer.load(by_task)
+  for x, y in zip(a.weights, b.weights):
+    np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+@pytest.mark.parametrize("value", ["0:1,x:2", "1:-2", "0:1,1:inf", ""])
+def test_bad_class_weight_flag_is_one_line(value, model_dir):
+  process = run_cli("--dataset=digits", "--model=mlp", f"--class_weight={value}",
+                    f"--model_dir={model_dir}")
+  one_line_error(process, f"--class_weight={value}: must be CLASS:WEIGHT pairs")

@@ -1,0 +1,199 @@
+"""What a step computes from a task's outputs, in-graph, on every replica.
+
+The per-example loss (`Task.loss`, a function or a `keras.losses.Loss`), weighted
+by each example's sample weight and, in training, its class weight
+(`Task.class_weight`); the task's per-example metrics as weighted sums; and its
+streaming Keras metrics (`Task.build_metrics`), updated on each replica with the
+weights and merged exactly across replicas and workers when read, since every
+one of their variables is a sum (a metric whose state is not is refused before
+the first step).
+"""
+
+import inspect
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer.errors import TaskError, user_code
+from trainer.tasks.base import METRIC_NAME
+
+
+@tf.autograph.experimental.do_not_convert
+def per_example(values):
+  """A task's per-example loss or metric as float32 (shapes were checked on a
+  probe batch before the first step: see trainer.py)."""
+  return tf.cast(values, tf.float32)
+
+
+class Objective:
+  """A task's loss and metrics as a step computes them."""
+
+  def __init__(self, task, *, streaming: dict, class_weight=None):
+    """Args:
+      task: the task.
+      streaming: {name: (keras.metrics.Metric, output key or None)}, built under
+        the strategy's scope (see `streaming_metrics`).
+      class_weight: {class id: weight} applied to the training loss (classes not
+        in it weigh 1), or None: the task's `class_weight`.
+
+    Raises:
+      TaskError: a class weight that is not {int >= 0: finite number}.
+    """
+    self._task = task
+    self._loss = task.loss
+    if isinstance(task.loss, keras.losses.Loss):
+      self._loss = task.loss.call  # Per-example values, not their reduction.
+    self.streaming = streaming
+    self._class_weight = class_weight_table(
+        task.class_weight if class_weight is None else class_weight)
+    parameters = inspect.signature(task.finalize_metrics).parameters
+    self._finalize_takes = {
+        name for name in ("sums", "examples")
+        if name in parameters or any(p.kind == p.VAR_KEYWORD
+                                     for p in parameters.values())}
+
+  def per_example_loss(self, labels, outputs):
+    """The task's loss of each example, unweighted."""
+    return per_example(self._loss(labels, outputs))
+
+  def loss(self, labels, outputs, weights, *, training: bool):
+    """Per-example losses times their weights (and, in training, their class's)."""
+    values = self.per_example_loss(labels, outputs) * weights
+    if training and self._class_weight is not None:
+      table = self._class_weight
+      ids = _class_ids(labels)
+      size = tf.shape(table, out_type=ids.dtype)[0]
+      values *= tf.where(ids < size, tf.gather(table, tf.minimum(ids, size - 1)),
+                         1.0)
+    return values
+
+  def metric_sums(self, labels, outputs, weights) -> dict:
+    """{name: weighted sum} of the task's per-example metrics."""
+    return {name: tf.reduce_sum(per_example(values) * weights)
+            for name, values in self._task.metrics(labels, outputs).items()}
+
+  def update_streaming(self, labels, outputs, weights):
+    """Updates every streaming metric with this replica's batch (call in a replica
+    context)."""
+    for metric, key in self.streaming.values():
+      metric.update_state(labels, outputs if key is None else outputs[key],
+                          sample_weight=weights)
+
+  @tf.autograph.experimental.do_not_convert
+  def reset_streaming(self):
+    """Zeroes this replica's streaming state (call through strategy.run)."""
+    for metric, _ in self.streaming.values():
+      metric.reset_state()
+
+  def streaming_results(self) -> dict:
+    """{name: result()} of the streaming metrics, merged over every replica (in a
+    cross-replica context: under multi-worker, a collective)."""
+    return {name: tf.cast(metric.result(), tf.float32)
+            for name, (metric, _) in self.streaming.items()}
+
+  def report(self, means: dict, *, sums: dict, examples, streaming: dict) -> dict:
+    """What a loop call or an evaluation reports: `Task.finalize_metrics` of the
+    means and the streaming metrics' results (plain floats, or nested lists for
+    a non-scalar result such as a confusion matrix).
+
+    Args:
+      means: {"loss": mean, metric: weighted mean}.
+      sums: {metric: weighted sum, "weight": the weights' sum}.
+      examples: the number of examples (padding excluded).
+      streaming: {name: result} of the streaming metrics.
+    """
+    values = dict(means)
+    values.update({name: plain(value) for name, value in streaming.items()})
+    extra = {"sums": sums, "examples": examples}
+    with user_code("Task.finalize_metrics"):
+      reported = self._task.finalize_metrics(
+          values, **{k: v for k, v in extra.items() if k in self._finalize_takes})
+    if not isinstance(reported, dict):
+      raise TaskError(f"Task.finalize_metrics() must return a dict, got "
+                      f"{type(reported).__name__}")
+    return {name: plain(value) for name, value in reported.items()}
+
+
+def plain(value):
+  """A metric's value as a float (one value, as F1Score's of one class), or
+  nested lists of floats (a confusion matrix)."""
+  array = np.asarray(value, dtype=np.float64)
+  return float(array.ravel()[0]) if array.size == 1 else array.tolist()
+
+
+def class_weight_table(class_weight):
+  """{class id: weight} as a float32 lookup table (1.0 where unset), or None.
+
+  Raises:
+    TaskError: not a dict of int >= 0 to finite numbers.
+  """
+  if not class_weight:
+    return None
+  if not isinstance(class_weight, dict) or not all(
+      isinstance(k, (int, np.integer)) and k >= 0 and
+      isinstance(v, (int, float, np.number)) and math.isfinite(v)
+      for k, v in class_weight.items()):
+    raise TaskError(f"class_weight must be a dict of class ids (int >= 0) to "
+                    f"finite weights, got {class_weight!r}")
+  table = [1.0] * (int(max(class_weight)) + 1)
+  for label, weight in class_weight.items():
+    table[int(label)] = float(weight)
+  return tf.constant(table, tf.float32)
+
+
+@tf.autograph.experimental.do_not_convert
+def _class_ids(labels):
+  """Class ids of a batch of labels: ints ([batch] or [batch, 1]) or one-hot."""
+  labels = tf.convert_to_tensor(labels)
+  if labels.shape.rank and labels.shape.rank > 1 and labels.shape[-1] != 1:
+    return tf.argmax(labels, axis=-1, output_type=tf.int32)
+  return tf.cast(tf.reshape(labels, [-1]), tf.int32)
+
+
+def streaming_metrics(task, *, reserved) -> dict:
+  """The task's streaming metrics, {name: (metric, output key or None)}; call
+  inside the strategy's scope.
+
+  Raises:
+    TaskError: not a dict of keras.metrics.Metric (or (metric, output key)), or a
+      name that another metric or the loss has.
+  """
+  with user_code("Task.build_metrics"):
+    built = task.build_metrics() or {}
+  if not isinstance(built, dict):
+    raise TaskError(f"Task.build_metrics() must return a dict of "
+                    f"keras.metrics.Metric, got {type(built).__name__}")
+  metrics = {}
+  for name, value in built.items():
+    metric, key = value if isinstance(value, tuple) else (value, None)
+    if not isinstance(metric, keras.metrics.Metric):
+      raise TaskError(f"Task.build_metrics()[{name!r}] must be a keras.metrics."
+                      f"Metric (or (metric, output key)), got {type(metric).__name__}")
+    if not isinstance(name, str) or not METRIC_NAME.match(name):
+      raise TaskError(f"Task.build_metrics(): {name!r} cannot be a metric name (use "
+                      "letters, digits, _ . -)")
+    if name in reserved:
+      raise TaskError(f"Task.build_metrics(): {name!r} is already a metric name "
+                      "(loss, examples, weight or one of Task.metrics())")
+    metrics[name] = (metric, key)
+  return metrics
+
+
+def check_mergeable(streaming: dict):
+  """Refuses a streaming metric with state that summing over replicas would not
+  merge (a variable whose aggregation is not "sum"). Call once its variables
+  exist (after an update).
+
+  Raises:
+    TaskError: naming the metric and the variable.
+  """
+  for name, (metric, _) in streaming.items():
+    for variable in metric.variables:
+      aggregation = str(getattr(variable, "aggregation", "sum")).lower()
+      if "sum" not in aggregation:
+        raise TaskError(
+            f"Task.build_metrics()[{name!r}]: its state {variable.path} is merged "
+            f"by {aggregation!r}, not summed, so it cannot be merged exactly over "
+            "replicas and workers; use a metric whose variables are sums")

@@ -1,0 +1,117 @@
+"""The task's model and objective, built and checked on a few training examples
+before the first step: what a task gets wrong is one line naming the method,
+not an error deep inside a traced step."""
+
+import keras
+import tensorflow as tf
+
+from trainer.data import TaskData
+from trainer.data.base import weighted
+from trainer.errors import TaskError, user_code
+from trainer.tasks import Task
+from trainer.tasks.base import METRIC_NAME
+from trainer.training import objective as objectives
+from trainer.training.steps import float32_outputs
+
+RESERVED = ("loss", "examples", "weight")  # Totals every run keeps.
+
+
+def model_and_objective(task: Task, train_data: TaskData, size: int, *,
+                        class_weight=None) -> tuple:
+  """Builds the task's model and streaming metrics (call inside the strategy's
+  scope) and runs them, the loss and the metrics once on the first `size`
+  training examples: a subclassed model's weights and a lazily built metric's
+  state are created here, eagerly.
+
+  Args:
+    task: the task.
+    train_data: its training data.
+    size: how many examples to probe with.
+    class_weight: --class_weight ({class id: weight}), or None: the task's.
+
+  Returns:
+    (the model, its Objective, the names of the task's per-example metrics, the
+    scalar names a call or an evaluation reports: "loss", the metrics and
+    streaming metrics after `Task.finalize_metrics`; a confusion matrix is
+    reported too, but cannot be a best metric or a sweep's objective).
+
+  Raises:
+    TaskError: build_model's result is not a Keras model; the loss or a metric
+      is not one value per example; a metric name cannot be a tag; a streaming
+      metric cannot be merged over replicas.
+  """
+  features, labels, weights = weighted(*train_data.first(size), batched=True)
+  model, outputs = built_model(task, features)
+  batch = int(tf.shape(tf.nest.flatten(features)[0])[0])
+
+  with user_code("Task.metrics"):
+    metrics = task.metrics(labels, outputs)
+  if not isinstance(metrics, dict):
+    raise TaskError(f"Task.metrics() must return a dict of per-example values, got "
+                    f"{type(metrics).__name__}")
+  for name in metrics:
+    if not isinstance(name, str) or name in RESERVED or not METRIC_NAME.match(name):
+      raise TaskError(f"Task.metrics(): {name!r} cannot be a metric name (use "
+                      f"letters, digits, _ . -; not {', '.join(RESERVED)})")
+  streaming = objectives.streaming_metrics(task, reserved=(*RESERVED, *metrics))
+  objective = objectives.Objective(task, streaming=streaming,
+                                   class_weight=class_weight)
+  with user_code("Task.loss"):
+    loss = objective.per_example_loss(labels, outputs)
+  for name, values in {"loss": loss, **metrics}.items():
+    _check_per_example(name, values, batch)
+  loss = objective.loss(labels, outputs, weights, training=False)
+
+  with user_code("Task.build_metrics' metrics (update_state)"):
+    objective.update_streaming(labels, outputs, weights)
+  objectives.check_mergeable(streaming)
+  sums = {name: float(value) for name, value in
+          objective.metric_sums(labels, outputs, weights).items()}
+  weight, loss_sum = float(tf.reduce_sum(weights)), float(tf.reduce_sum(loss))
+  reported = objective.report(
+      {"loss": loss_sum / batch,
+       **{name: value / weight if weight else 0.0 for name, value in sums.items()}},
+      sums=dict(sums, loss=loss_sum, weight=weight), examples=batch,
+      streaming=objective.streaming_results())
+  for metric, _ in streaming.values():
+    metric.reset_state()
+  scalars = tuple(name for name, value in reported.items()
+                  if not isinstance(value, list))
+  return model, objective, tuple(metrics), scalars
+
+
+def built_model(task: Task, features) -> tuple:
+  """(the task's new model, its float32 outputs on `features`): called once, so
+  a subclassed model has its weights.
+
+  Raises:
+    TaskError: build_model's result is not a Keras model.
+  """
+  with user_code("Task.build_model"):
+    model = task.build_model()
+  if not isinstance(model, keras.Model):
+    raise TaskError(f"Task.build_model() must return a keras.Model, got "
+                    f"{type(model).__name__}")
+  with user_code("Task.preprocess"):
+    inputs = task.preprocess(features)
+  with user_code(f"the model's call ({type(model).__name__})"):
+    outputs = float32_outputs(model(inputs, training=False))
+  return model, outputs
+
+
+def _check_per_example(name: str, values, batch: int):
+  """Raises TaskError unless `values` (the loss or metric `name`) is one value per
+  example, with a hint for the usual mistake: a reduced Keras loss or metric."""
+  shape = tuple(tf.convert_to_tensor(values).shape)
+  if shape == (batch,):
+    return
+  what = "Task.loss" if name == "loss" else f"Task.metrics()[{name!r}]"
+  hint = ""
+  if shape == ():
+    hint = ("; a Keras loss object reduces: make Task.loss the object itself "
+            "(loss = keras.losses.X()) or call it with reduction=None"
+            if name == "loss" else
+            "; a keras.metrics.Metric belongs in Task.build_metrics(), which the "
+            "framework updates and merges over replicas")
+  raise TaskError(f"{what} must return one value per example, shape ({batch},) for "
+                  f"a batch of {batch}, got shape {shape}{hint}")
