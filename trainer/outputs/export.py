@@ -4,11 +4,16 @@ The signature applies the task's `preprocess` (as training did) before the model
 its `serving_outputs` after it, so a served model takes raw stored values.
 """
 
+import os
 import re
+from typing import Optional
 
+import keras
 import tensorflow as tf
 
-from trainer.errors import TaskError, one_line
+from trainer.errors import TaskError, no_space, one_line
+
+KERAS_FILE = "model.keras"  # Keras' own format, beside the SavedModel's files.
 
 
 class ExportFailure(Exception):
@@ -31,6 +36,28 @@ def _paths(structure, prefix: str = "") -> list:
     return [path for index, item in enumerate(structure)
             for path in _paths(item, f"{prefix}{index}_")]
   return [prefix.rstrip("_") or "inputs"]
+
+
+def named_outputs(outputs) -> dict:
+  """A signature's outputs as one flat {name: tensor}: a dict by its keys (nested
+  keys joined by "_"), a list or tuple as output_0, output_1, ..., one tensor as
+  "outputs"."""
+  if not isinstance(outputs, (dict, list, tuple)):
+    return {"outputs": outputs}
+  return dict(_named_leaves(outputs, prefix=""))
+
+
+def _named_leaves(value, *, prefix: str):
+  if isinstance(value, dict):
+    items = [(str(key), item) for key, item in value.items()]
+  elif isinstance(value, (list, tuple)):
+    items = [(str(index) if prefix else f"output_{index}", item)
+             for index, item in enumerate(value)]
+  else:
+    yield prefix, value
+    return
+  for name, item in items:
+    yield from _named_leaves(item, prefix=f"{prefix}_{name}" if prefix else name)
 
 
 def task_objects(task) -> list:
@@ -96,7 +123,7 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
   def serve(*inputs):
     features = tf.nest.pack_sequence_as(signature, list(inputs))
     outputs = model(task.preprocess(features), training=False)
-    return task.serving_outputs(outputs)
+    return named_outputs(task.serving_outputs(outputs))
 
   module = tf.Module()
   module.model = model
@@ -105,11 +132,45 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
   module.task_objects = task_objects(task)
   module.serve = tf.function(serve, input_signature=specs)
   try:
+    # Every variable tracked directly, the ones the traced function reads and
+    # the model's own (a seed generator's state is no layer's weight, but the
+    # Keras model's default signature reads it): the session-based loader
+    # (saved_model_cli, TensorFlow Serving) restores only what is tracked.
+    module.variables_read = list(module.serve.get_concrete_function().variables)
+    module.model_variables = list(model.variables)
     tf.saved_model.save(module, export_dir,
                         signatures={"serving_default": module.serve})
   except (AssertionError, KeyError, ValueError, TypeError, tf.errors.OpError) as e:
     raise ExportFailure(_cause(e)) from e
   return export_dir
+
+
+def save_keras_model(model, export_dir: str) -> Optional[str]:
+  """Writes EXPORT_DIR/model.keras (the model alone, without Task.preprocess)
+  where Keras loads it back without the task's code: `keras.models.load_model`
+  of the file is tried before it takes its name.
+
+  Returns:
+    None, or why the file is not written (one line).
+
+  Raises:
+    NoSpaceError: the disk is full.
+  """
+  path = os.path.join(export_dir, KERAS_FILE)
+  partial = os.path.join(export_dir, "partial." + KERAS_FILE)
+  try:
+    model.save(partial)
+    keras.models.load_model(partial, compile=False)
+  except Exception as e:  # noqa: BLE001 (any failure: not loadable; the SavedModel stands)
+    if os.path.exists(partial):
+      os.remove(partial)
+    if no_space(e):
+      raise no_space(e) from None
+    return (f"{KERAS_FILE} not written: keras.models.load_model cannot load "
+            f"{type(model).__name__} without your code ({one_line(str(e))[:200]}); "
+            "register its classes with @keras.saving.register_keras_serializable()")
+  os.replace(partial, path)
+  return None
 
 
 def _cause(error: Exception) -> str:

@@ -255,9 +255,12 @@ class Task:
     """
     return feature_spec
 
-  def serving_outputs(self, outputs) -> dict:
-    """Maps model outputs to the exported signature's {name: tensor}."""
-    return {"outputs": outputs}
+  def serving_outputs(self, outputs):
+    """Maps model outputs to the exported signature's outputs. The export names
+    them: a dict by its keys (nested keys joined by "_"), a list or tuple as
+    output_0, output_1, ..., one tensor as "outputs". The default returns the
+    model's outputs as they are."""
+    return outputs
 
 
 def check_hyperparameters(task) -> None:

@@ -64,7 +64,8 @@ def _recorded_flags(model_dir: str) -> Optional[list]:
 
 
 def open_run(model_dir: str, *, invocation: config_lib.Config = None,
-             task: Task = None, mode: str = "eval", **changes) -> Built:
+             task: Task = None, mode: str = "eval", loading: bool = False,
+             **changes) -> Built:
   """Builds the run in `model_dir` read-only, nothing restored yet.
 
   Args:
@@ -73,6 +74,7 @@ def open_run(model_dir: str, *, invocation: config_lib.Config = None,
     task: the run's task instance (a Python caller's); default: built from the
       run's flags.
     mode: the mode to build for ("eval": no training input; "train": a replay).
+    loading: for `load`: the task needs no eval data.
     **changes: more config fields to replace (e.g. a replay's global batch).
 
   Raises:
@@ -83,7 +85,7 @@ def open_run(model_dir: str, *, invocation: config_lib.Config = None,
       invocation is not None) else {}
   config = config.replace(model_dir=model_dir, mode=mode, **devices, **changes)
   config, task = setup.resolve_task(config, task)
-  return setup.build(config, task, read_only=True)
+  return setup.build(config, task, read_only=True, loading=loading)
 
 
 def load(model_dir: str, *, best: bool = False) -> tuple:
@@ -105,7 +107,8 @@ def load(model_dir: str, *, best: bool = False) -> tuple:
     ModelDirError: not a run, or no checkpoint (or no best one) to load.
   """
   built = open_run(model_dir, invocation=config_lib.Config(strategy="one_device",
-                                                           summaries=False))
+                                                           summaries=False),
+                   loading=True)
   trainer, checkpoints = built.trainer, built.checkpoints
   if checkpoints.restore() is None:
     raise ModelDirError(f"{model_dir}: no checkpoint to load")

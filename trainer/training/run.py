@@ -299,12 +299,18 @@ def _export(built, results: Results, export_dir: str):
     with trainer.evaluated_weights():
       export.export_saved_model(trainer.model, built.task, export_dir,
                                 feature_spec=feature_spec)
+      not_written = export.save_keras_model(trainer.model, export_dir)
+    if not_written:
+      built.console.say(f"export {export_dir}: {not_written}; the SavedModel is "
+                        "written")
     best = built.checkpoints.best_path()
     if best:
       best_dir = os.path.join(built.config.model_dir, "export_best")
       with trainer.best_weights(best), trainer.evaluated_weights():
         export.export_saved_model(trainer.model, built.task, best_dir,
                                   feature_spec=feature_spec)
+        if not not_written:
+          export.save_keras_model(trainer.model, best_dir)
       results.data["export_best_dir"] = best_dir
   except export.ExportFailure as e:
     if no_space(e.__cause__):

@@ -68,7 +68,8 @@ def resolve_task(config: Config, task: Task = None) -> tuple:
   return config, task
 
 
-def build(config: Config, task: Task, *, read_only: bool = False) -> Built:
+def build(config: Config, task: Task, *, read_only: bool = False,
+          loading: bool = False) -> Built:
   """Sets up devices and the strategy, prepares the task, checks its data and
   builds the trainer.
 
@@ -77,6 +78,7 @@ def build(config: Config, task: Task, *, read_only: bool = False) -> Built:
     task: the task (resolve_task's).
     read_only: open another process's run (an evaluation, a replay): its
       checkpoints are never written.
+    loading: for `trainer.load` (prediction): a task without eval data is fine.
 
   Raises:
     TrainerError: bad devices, cluster, data, task, or a mode the task cannot
@@ -107,7 +109,7 @@ def build(config: Config, task: Task, *, read_only: bool = False) -> Built:
     eval_value = task.eval_data()
   eval_data = (None if eval_value is None else
                data.as_task_data(eval_value, what="Task.eval_data()", finite=True))
-  if eval_data is None and config.mode != "train":
+  if eval_data is None and config.mode != "train" and not loading:
     raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
                       "(Task.eval_data() returned None); use --mode=train")
   if eval_data is not None:
