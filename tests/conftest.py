@@ -148,7 +148,22 @@ def read_scalars(directory) -> dict:
   accumulator.Reload()
   return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto)))
                 for e in accumulator.Tensors(tag)]
-          for tag in accumulator.Tags()["tensors"] if tag != "flags"}
+          for tag in accumulator.Tags()["tensors"]
+          if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"}
+
+
+def read_layout(directory):
+  """The custom-scalars layout in the event files of `directory` (a Layout
+  proto), or None."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from tensorboard.plugins.custom_scalar import layout_pb2, metadata
+  accumulator = event_accumulator.EventAccumulator(
+      directory, size_guidance={event_accumulator.TENSORS: 0})
+  accumulator.Reload()
+  if metadata.CONFIG_SUMMARY_TAG not in accumulator.Tags()["tensors"]:
+    return None
+  [event] = accumulator.Tensors(metadata.CONFIG_SUMMARY_TAG)[-1:]
+  return layout_pb2.Layout.FromString(tf.make_ndarray(event.tensor_proto).item())
 
 
 @pytest.fixture

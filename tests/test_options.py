@@ -232,7 +232,46 @@ def test_a_trace_that_cannot_be_read_does_not_fail_the_run(model_dir, capsys,
           "message)") in capsys.readouterr().out
 
 
-# 9. Time budget.
+# 9. Histograms.
+def _histograms(directory) -> dict:
+  """{tag: {step: [k, 3] buckets (left edge, right edge, count)}}."""
+  from tensorboard.backend.event_processing import event_accumulator
+  accumulator = event_accumulator.EventAccumulator(
+      directory, size_guidance={event_accumulator.TENSORS: 0})
+  accumulator.Reload()
+  return {tag: {e.step: tf.make_ndarray(e.tensor_proto)
+                for e in accumulator.Tensors(tag)}
+          for tag in accumulator.Tags()["tensors"]
+          if tag.startswith(("weights/", "gradients/"))}
+
+
+def test_histograms_show_the_weights_and_that_steps_gradients(model_dir):
+  train(*SGD, "--summaries=true", "--checkpoint_every=1", "--keep_checkpoints=3",
+        "--histogram_every=5", model_dir=model_dir, train_steps=10, cpu_devices=2)
+  histograms = _histograms(os.path.join(model_dir, "train"))
+  after, before = (tf.train.load_checkpoint(
+      os.path.join(model_dir, "checkpoints", f"ckpt-{step}")) for step in (10, 9))
+  # The MLP's kernels and biases, each of its own size: that pairs them with tags.
+  keys = {int(np.prod(shape)): key
+          for key, shape in after.get_variable_to_shape_map().items()
+          if key.startswith("model/")}
+  names = [tag[len("weights/"):] for tag in histograms if tag.startswith("weights/")]
+  assert len(names) == len(keys) == 4
+  for name in names:
+    assert sorted(histograms[f"weights/{name}"]) == [5, 10]
+    key = keys[int(histograms[f"weights/{name}"][10][:, 2].sum())]
+    weights = after.get_tensor(key)
+    # Plain SGD: step 10's all-reduced gradient is (w9 - w10) / learning rate.
+    gradient = (before.get_tensor(key) - weights) / 0.1
+    for tag, values in ((f"weights/{name}", weights),
+                        (f"gradients/{name}", gradient)):
+      buckets = histograms[tag][10]
+      assert buckets[:, 2].sum() == values.size, tag
+      assert buckets[0, 0] == pytest.approx(values.min(), abs=1e-4), tag
+      assert buckets[-1, 1] == pytest.approx(values.max(), abs=1e-4), tag
+
+
+# 10. Time budget.
 def test_max_time_stops_with_a_checkpoint_and_a_rerun_resumes(model_dir):
   args = [f"--model_dir={model_dir}", "--model=mlp", "--optimizer=sgd",
           "--steps_per_loop=50", "--checkpoint_every=100000"]

@@ -3,6 +3,7 @@ the faults that must lose nothing."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ import trainer
 from trainer.config import Config
 from trainer.errors import DivergedError, LockedError, ModelDirError
 
-from conftest import checkpoint_values, read_results, read_scalars
+from conftest import checkpoint_values, read_layout, read_results, read_scalars
 from presets import MLP_SGD, train
 
 FAST = (*MLP_SGD, "--learning_rate=0.1", "--per_replica_batch_size=8")
@@ -31,6 +32,15 @@ def test_summaries_results_and_flags(model_dir):
   # Loop calls end at 4, 8 (a checkpoint) and 12.
   assert [step for step, _ in scalars["loss"]] == [4, 8, 12]
   assert scalars["replica_batches/replica_1"] == [(4, 4.0), (8, 8.0), (12, 12.0)]
+  # One chart (TensorBoard's Custom Scalars) holds every replica's ledger line.
+  charts = {chart.title: chart.multiline.tag
+            for category in read_layout(os.path.join(model_dir, "train")).category
+            for chart in category.chart}
+  [ledger_chart] = [tags for title, tags in charts.items()
+                    if title.startswith("replica_batches")]
+  assert sorted(tag for tag in scalars if any(re.search(pattern, tag)
+                                              for pattern in ledger_chart)) == [
+      "replica_batches/replica_0", "replica_batches/replica_1"]
   assert scalars["learning_rate"][0][1] == pytest.approx(0.1)
   on_disk = read_results(model_dir)
   assert on_disk == json.loads(json.dumps(results))

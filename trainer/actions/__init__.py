@@ -4,6 +4,7 @@ its schedule (`next_stop`), in this order:
   LedgerCheck   every replica got one per-replica batch per step (ledger.py)
   NanPolicy     a non-finite loss: stop and report, or roll back (nan_policy.py)
   Report        results.json, TensorBoard scalars, the progress line (report.py)
+  Histograms    --histogram_every: weights and gradients (histograms.py)
   Profiler      --profile_steps' trace (profiler.py)
   Evaluate      --eval_every, the best checkpoint, early stopping (evaluate.py)
   user actions  the task's `actions()`, then `train(..., actions=[...])` (user.py)

@@ -4,6 +4,13 @@ the progress line. --summary_every caps the steps between two records."""
 
 from trainer.actions.base import Action, LoopCall, next_multiple
 
+# TensorBoard's Custom Scalars tab: the charts that compare lines.
+LAYOUT = {
+    "ledger": {"replica_batches: one line per replica, on top of each other":
+               [r"^replica_batches/replica_\d+$"]},
+    "loss": {"loss: train and eval": [r"^loss$"]},
+}
+
 
 class Report(Action):
   """Writes the call's metrics to results.json, TensorBoard and the progress line."""
@@ -22,6 +29,8 @@ class Report(Action):
 
   def __call__(self, call: LoopCall):
     trainer = self._trainer
+    if call.index == 1:
+      self._summaries.layout("train", LAYOUT)
     self._results.record_train_call(step=call.step, steps=call.num_steps,
                                     metrics=call.metrics)
     examples_per_second = (call.num_steps * trainer.global_batch_size *

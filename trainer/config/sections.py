@@ -234,6 +234,11 @@ class LoopConfig:
                               "one second per call).", lower=0, upper=MAX_STEPS)
   summary_every: int = field(0, "At most this many steps between summaries (0 = "
                              "once per loop call).", lower=0, upper=MAX_STEPS)
+  histogram_every: int = field(0, "Every N steps, write histograms of each weight "
+                               "and of its gradient at that step (TensorBoard's "
+                               "Histograms and Distributions tabs; 0 = off). Keeps "
+                               "a copy of the gradients in memory.", lower=0,
+                               upper=MAX_STEPS)
   eval_every: int = field(0, "With --mode=train_and_eval: evaluate every N steps "
                           "(0 = only at the end).", lower=0, upper=MAX_STEPS)
   best_metric: Optional[str] = field(

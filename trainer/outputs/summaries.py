@@ -37,6 +37,11 @@ class Summaries:
     self._enabled = enabled
     self._writers = {}
 
+  @property
+  def enabled(self) -> bool:
+    """Whether this instance writes (the chief, with --summaries)."""
+    return self._enabled
+
   def _write(self, split: str, step: int, summary: summary_pb2.Summary):
     if split not in self._writers:
       # Buffered, flushed every few seconds (TensorBoard still sees a live run),
@@ -98,6 +103,25 @@ class Summaries:
   def at(self, split: str, step: int) -> "StepSummaries":
     """A handle that writes to `split` at `step` (an action's `summaries`)."""
     return StepSummaries(self, split, step)
+
+  def layout(self, split: str, charts: dict):
+    """A custom-scalars layout (TensorBoard's Custom Scalars tab): {category:
+    {chart title: [tag regex, ...]}}, each chart one plot of every tag that
+    matches, in every run (train and eval)."""
+    if not self._enabled:
+      return
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.custom_scalar import summary as custom_scalar
+    layout = layout_pb2.Layout(category=[
+        layout_pb2.Category(title=category, chart=[
+            layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(
+                tag=list(tags)))
+            for title, tags in chart_tags.items()])
+        for category, chart_tags in charts.items()])
+    # pb() makes TensorFlow's Summary proto (TensorFlow is loaded): TensorBoard's
+    # own class is another one, of the same wire format.
+    self._write(split, 0, summary_pb2.Summary.FromString(
+        custom_scalar.pb(layout).SerializeToString()))
 
   def hparams(self, values: dict):
     """Records this run's hyperparameters (shown in TensorBoard's HParams tab)."""

@@ -51,8 +51,9 @@ def learning_rate(optimizer):
 
 
 def update_rule(optimization: OptimizationConfig, *, model, optimizer,
-                train_steps: int) -> UpdateRule:
-  """The update's options from the flags; call inside `strategy.scope()`."""
+                train_steps: int, keep_gradients: bool = False) -> UpdateRule:
+  """The update's options from the flags (and `keep_gradients`: a copy of each
+  update's gradients, for histograms); call inside `strategy.scope()`."""
   variable = rate_variable(optimizer)
   rate_base = None
   if variable is not None:  # Not a task optimizer's own schedule.
@@ -65,8 +66,13 @@ def update_rule(optimization: OptimizationConfig, *, model, optimizer,
         tf.Variable(v.value, trainable=False, name=f"ema_{i}",
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         for i, v in enumerate(model.trainable_variables))
+  gradient_copies = tuple(
+      tf.Variable(tf.zeros_like(v.value), trainable=False, name=f"gradient_{i}",
+                  aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      for i, v in enumerate(model.trainable_variables)) if keep_gradients else ()
   return UpdateRule(
       accum_steps=optimization.grad_accum_steps, clip_norm=optimization.clip_norm,
       rate_variable=variable, rate_base=rate_base,
       rate_factor=schedules.schedule_of(optimization, train_steps=train_steps),
-      ema_decay=optimization.ema_decay, ema_variables=ema_variables)
+      ema_decay=optimization.ema_decay, ema_variables=ema_variables,
+      gradient_copies=gradient_copies)

@@ -20,6 +20,7 @@ from trainer import actions as actions_lib
 from trainer import interrupts, tasks
 from trainer.actions.checkpoint import Checkpoint
 from trainer.actions.evaluate import Evaluate
+from trainer.actions.histograms import Histograms
 from trainer.actions.ledger import LedgerCheck
 from trainer.actions.limits import SignalStop, TimeLimit
 from trainer.actions.nan_policy import NanPolicy
@@ -196,6 +197,8 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
         Report(trainer=trainer, results=results, summaries=summaries,
                console=console, clip_norm=config.clip_norm,
                summary_every=config.summary_every),
+        Histograms(trainer=trainer, summaries=summaries,
+                   every=config.histogram_every),
         profiler, evaluate,
         *[UserAction(action, context=context) for action in actions],
         checkpoint, SignalStop(stop_request),

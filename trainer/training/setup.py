@@ -128,7 +128,8 @@ def build(config: Config, task: Task, *, read_only: bool = False,
       optimization=config.optimization, order=order,
       per_replica_batch_size=per_replica, seed=config.seed,
       train_steps=config.train_steps,
-      gather=training and config.array_input == "gather")
+      gather=training and config.array_input == "gather",
+      keep_gradients=training and config.histogram_every > 0)
   checkpoints = Checkpoints(model_dir=config.model_dir, trainer=trainer,
                             keep=config.keep_checkpoints, read_only=read_only,
                             say=console.say)

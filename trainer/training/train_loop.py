@@ -78,6 +78,8 @@ class UpdateRule:
     rate_factor: `step -> factor` (schedules.rate_factor).
     ema_decay: decay of the weights' moving average (0 = off).
     ema_variables: the averages, one per trainable variable.
+    gradient_copies: variables that keep each update's gradients (unclipped,
+      unscaled), one per trainable variable, for --histogram_every; or none.
   """
   accum_steps: int = 1
   clip_norm: float = 0.0
@@ -86,6 +88,7 @@ class UpdateRule:
   rate_factor: object = None
   ema_decay: float = 0.0
   ema_variables: tuple = ()
+  gradient_copies: tuple = ()
 
 
 class TrainLoop:
@@ -222,6 +225,8 @@ class TrainLoop:
                                      for g in diagnosis["gradients"]]
       diagnosis["gradients_finite"] = [tf.reduce_all(tf.math.is_finite(g))
                                        for g in diagnosis["gradients"]]
+    for copy, gradient in zip(rule.gradient_copies, gradients):
+      copy.assign(_dense(gradient) / tf.cast(scale, copy.dtype))
     clipped = tf.constant(False)
     if rule.clip_norm:
       clipped = norm > rule.clip_norm

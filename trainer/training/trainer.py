@@ -76,7 +76,7 @@ class Trainer:
   def build(cls, *, task: Task, strategy, cluster: Cluster, train_data: TaskData,
             optimization: OptimizationConfig, order: Order,
             per_replica_batch_size: int, seed: int, train_steps: int,
-            gather: bool) -> "Trainer":
+            gather: bool, keep_gradients: bool = False) -> "Trainer":
     """Builds the model, optimizer (built in scope, before any step), step and
     loops.
 
@@ -91,6 +91,7 @@ class Trainer:
       seed: Keras' seed before build_model.
       train_steps: --train_steps (where the schedule's decay ends by default).
       gather: gather arrays in-graph when they allow it (--array_input=gather).
+      keep_gradients: keep a copy of each update's gradients (histograms).
 
     Raises:
       TaskError: the task's model, loss or metrics do not fit the framework.
@@ -108,7 +109,8 @@ class Trainer:
           optimizer = optimizers.build_optimizer(optimization, task)
         optimizer.build(model.trainable_variables)
         rule = optimizers.update_rule(optimization, model=model, optimizer=optimizer,
-                                      train_steps=train_steps)
+                                      train_steps=train_steps,
+                                      keep_gradients=keep_gradients)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                   name="global_step",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
