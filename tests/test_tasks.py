@@ -217,3 +217,26 @@ def test_user_task_two_replicas_match_one_device(tmp_path):
   assert a.keys() == b.keys() and sum(k.startswith("model/") for k in a) == 4
   for key in a:
     np.testing.assert_allclose(a[key], b[key], atol=1e-5, err_msg=key)
+
+
+def test_a_tasks_optimizer_is_named_and_flags_txt_claims_no_rate_it_ignores(tmp_path):
+  runs = {rate: str(tmp_path / rate) for rate in ("0.5", "0.001")}
+  for rate, model_dir in runs.items():
+    process = run_cli("--task=user_tasks:OwnOptimizer", "--train_steps=10",
+                      f"--learning_rate={rate}", f"--model_dir={model_dir}",
+                      python_path=TESTS)
+    assert process.returncode == 0, process.stderr
+    assert ("optimizer SGD from Task.build_optimizer, learning rate 0.01 "
+            "(--optimizer, --learning_rate, --momentum, --weight_decay do not "
+            "apply)") in process.stdout.splitlines()[0]
+  assert_bit_identical(*runs.values())  # The flag changed nothing.
+  with open(os.path.join(runs["0.5"], "flags.txt")) as f:
+    lines = f.read().splitlines()
+  assert not [line for line in lines if line.startswith(
+      ("--learning_rate", "--optimizer", "--momentum", "--weight_decay"))]
+  assert lines[-1].startswith("# optimizer SGD from Task.build_optimizer")
+  # The file still reproduces the run: a rerun from it resumes.
+  rerun = run_cli(f"--flagfile={runs['0.5']}/flags.txt", "--train_steps=12",
+                  python_path=TESTS)
+  assert rerun.returncode == 0 and "resuming at step 10" in rerun.stdout, (
+      rerun.stdout + rerun.stderr)

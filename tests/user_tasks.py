@@ -86,6 +86,14 @@ class ScalarLoss(Quadratic):
     return tf.reduce_mean(tf.square(outputs - labels))
 
 
+@dataclasses.dataclass
+class OwnOptimizer(Quadratic):
+  """A task that builds its optimizer: --learning_rate does not apply."""
+
+  def build_optimizer(self):
+    return keras.optimizers.SGD(0.01, momentum=0.5)
+
+
 class NotATask:
   pass
 

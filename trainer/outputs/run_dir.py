@@ -140,6 +140,8 @@ def _read_lock(path):
     return None
 
 
-def write_flags(model_dir: str, flag_lines: list):
-  """Saves MODEL_DIR/flags.txt, a flagfile that reproduces the run."""
-  write_atomic(os.path.join(model_dir, FLAGS_FILE), "\n".join(flag_lines) + "\n")
+def write_flags(model_dir: str, flag_lines: list, *, comments=()):
+  """Saves MODEL_DIR/flags.txt, a flagfile that reproduces the run, with
+  `comments` as its last lines (`# ...`, which a flagfile skips)."""
+  lines = [*flag_lines, *(f"# {comment}" for comment in comments)]
+  write_atomic(os.path.join(model_dir, FLAGS_FILE), "\n".join(lines) + "\n")

@@ -1,5 +1,6 @@
 """What a run says as it starts: where it is, on what, and what it ignores."""
 
+from trainer.training import optimizers
 from trainer.training.record import RunRecord
 
 
@@ -20,6 +21,8 @@ def start_line(*, model_dir: str, task: str, trainer, restored, previous: RunRec
     line += f", learning rate {rate:g} (was {was:g})"
   if multiplier != 1.0 and rate is not None:
     line += f", learning rate x{multiplier:g} after {rollbacks} rollback(s)"
+  if trainer.task_optimizer:
+    line += f", {optimizers.describe_task_optimizer(trainer.optimizer)}"
   return line
 
 

@@ -10,16 +10,21 @@ from trainer.training import schedules
 from trainer.training.train_loop import UpdateRule
 
 
+# The flags a task's own optimizer (Task.build_optimizer) makes moot.
+TASK_OPTIMIZER_IGNORES = ("optimizer", "learning_rate", "momentum", "weight_decay")
+
+
 def build_optimizer(optimization: OptimizationConfig,
-                    task) -> keras.optimizers.Optimizer:
-  """The task's optimizer if it builds one, else --optimizer at --learning_rate.
+                    task_optimizer=None) -> keras.optimizers.Optimizer:
+  """`task_optimizer` (Task.build_optimizer's) if any, else --optimizer at
+  --learning_rate.
 
   The rate is then driven by the train loop (--lr_schedule). Under
   --mixed_precision=mixed_float16 it is wrapped for dynamic loss scaling. Call it
   inside `strategy.scope()`.
   """
   o = optimization
-  optimizer = task.build_optimizer()
+  optimizer = task_optimizer
   if optimizer is None:
     rate = o.learning_rate
     if o.optimizer == "adam":
@@ -76,3 +81,22 @@ def update_rule(optimization: OptimizationConfig, *, model, optimizer,
       rate_factor=schedules.schedule_of(optimization, train_steps=train_steps),
       ema_decay=optimization.ema_decay, ema_variables=ema_variables,
       gradient_copies=gradient_copies)
+
+
+def applied_flags(flag_lines: list, *, task_optimizer: bool) -> list:
+  """The run's flag lines without those a task's own optimizer makes moot:
+  flags.txt claims no rate that was not applied."""
+  moot = tuple(f"--{name}=" for name in TASK_OPTIMIZER_IGNORES)
+  return [line for line in flag_lines
+          if not (task_optimizer and line.startswith(moot))]
+
+
+def describe_task_optimizer(optimizer) -> str:
+  """"optimizer SGD from Task.build_optimizer, learning rate 0.01 (--optimizer,
+  ... do not apply)"."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  rate = learning_rate(optimizer)
+  return (f"optimizer {type(inner).__name__} from Task.build_optimizer, "
+          + (f"learning rate {rate:g}" if rate is not None else
+             "with its own learning-rate schedule")
+          + f" ({', '.join('--' + n for n in TASK_OPTIMIZER_IGNORES)} do not apply)")

@@ -36,7 +36,7 @@ from trainer.outputs import export, run_dir
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries, markdown_flags
 from trainer.tasks import Task
-from trainer.training import announce, evaluation, resume, setup
+from trainer.training import announce, evaluation, optimizers, resume, setup
 from trainer.training.checkpoint_files import find_checkpoint, warm_start
 from trainer.training.controller import Controller
 from trainer.training.watchdog import HangWatchdog
@@ -84,10 +84,12 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
   trainer, checkpoints, console = built.trainer, built.checkpoints, built.console
   cluster, train_data = built.cluster, built.train_data
   best = best_metric(config, task, trainer.reported_metrics)
+  flag_lines = optimizers.applied_flags(config.to_flags(),
+                                        task_optimizer=trainer.task_optimizer)
   export_dir = config.export_dir or os.path.join(config.model_dir, "export")
   facts = resume.RunFacts(
       layout=config.layout_flags(tasks.layout_field_names(type(task))),
-      flags=tuple(config.to_flags()),
+      flags=tuple(flag_lines),
       data=resume.data_identity(train_data, built.prepared),
       global_batch_size=trainer.global_batch_size,
       per_replica_batch_size=trainer.per_replica_batch_size,
@@ -163,8 +165,10 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                                previous=previous):
       console.say(line)
     if cluster.is_chief:
-      run_dir.write_flags(config.model_dir, config.to_flags())
-    summaries.text("train", trainer.step, "flags", markdown_flags(config.to_flags()))
+      run_dir.write_flags(config.model_dir, flag_lines, comments=[
+          optimizers.describe_task_optimizer(trainer.optimizer)]
+                          if trainer.task_optimizer else [])
+    summaries.text("train", trainer.step, "flags", markdown_flags(flag_lines))
     summaries.hparams({name: config.value(name) for name in config.hparams})
     if restored is None:
       with watchdog.guard("checkpoint", step=0):

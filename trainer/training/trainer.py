@@ -38,6 +38,7 @@ class Trainer:
     reported_metrics: what a call or evaluation reports: "loss", the metrics and
       streaming metrics after Task.finalize_metrics.
     base_learning_rate: the optimizer's rate as built (None: the task's schedule).
+    task_optimizer: whether the optimizer is the task's (Task.build_optimizer).
     per_replica_batch_size: examples per replica per (micro-)step.
     order: the training data's order (seed, shuffle, buffer, global batch).
     train_ledger, eval_ledger: batches and examples per replica.
@@ -60,6 +61,7 @@ class Trainer:
   metric_names: tuple
   reported_metrics: tuple
   base_learning_rate: object
+  task_optimizer: bool
   per_replica_batch_size: int
   order: Order
   train_ledger: ledger.ReplicaLedger
@@ -106,7 +108,8 @@ class Trainer:
             task, train_data, min(per_replica_batch_size, 8),
             class_weight=optimization.class_weights)
         with user_code("Task.build_optimizer"):
-          optimizer = optimizers.build_optimizer(optimization, task)
+          own = task.build_optimizer()
+        optimizer = optimizers.build_optimizer(optimization, own)
         optimizer.build(model.trainable_variables)
         rule = optimizers.update_rule(optimization, model=model, optimizer=optimizer,
                                       train_steps=train_steps,
@@ -138,6 +141,7 @@ class Trainer:
                eval_with_ema=optimization.eval_with_ema, metric_names=metric_names,
                reported_metrics=reported,
                base_learning_rate=optimizers.learning_rate(optimizer),
+               task_optimizer=own is not None,
                per_replica_batch_size=per_replica_batch_size, order=order,
                train_ledger=ledgers[0], eval_ledger=ledgers[1],
                train_totals=totals[0], eval_totals=totals[1], train_loop=train.loop,
