@@ -128,3 +128,29 @@ class ImbalancedClassWeight(Imbalanced):
 class UnmergeableMetric(Imbalanced):
   def build_metrics(self):
     return {"last": LastBatchMean()}
+
+
+@dataclasses.dataclass
+class DictOutputs(Imbalanced):
+  """A model with dict outputs: each streaming metric names the output it reads;
+  finalize_metrics derives a metric from the sums and the example count."""
+
+  def build_model(self):
+    inputs = keras.Input((NUM_FEATURES,))
+    logits = keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs))
+    return keras.Model(inputs, {"logits": logits,
+                                "probability": keras.layers.Activation(
+                                    "sigmoid")(logits)})
+
+  def loss(self, labels, outputs):
+    return keras.losses.binary_crossentropy(labels, outputs["logits"],
+                                            from_logits=True)
+
+  def metrics(self, labels, outputs):
+    return {"positive": tf.cast(labels[:, 0] > 0.5, tf.float32)}
+
+  def build_metrics(self):
+    return {"auc": (keras.metrics.AUC(), "probability")}
+
+  def finalize_metrics(self, means, *, sums, examples):
+    return dict(means, positives=sums["positive"], counted=float(examples))

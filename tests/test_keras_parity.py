@@ -151,3 +151,19 @@ def test_bad_class_weight_flag_is_one_line(value, model_dir):
   process = run_cli("--dataset=digits", "--model=mlp", f"--class_weight={value}",
                     f"--model_dir={model_dir}")
   one_line_error(process, f"--class_weight={value}: must be CLASS:WEIGHT pairs")
+
+
+def test_dict_outputs_name_the_output_a_metric_reads_and_finalize_sees_sums(
+    model_dir):
+  task = keras_tasks.DictOutputs()
+  results = presets.train("--per_replica_batch_size=16", "--steps_per_loop=5",
+                          task=task, model_dir=model_dir, cpu_devices=2,
+                          train_steps=10, mode="train_and_eval")
+  x, y = task.eval_data()
+  _, model = trainer.load(model_dir)
+  auc = keras.metrics.AUC()
+  auc.update_state(y, model(x)["probability"])
+  assert results["eval"]["auc"] == pytest.approx(float(auc.result()), abs=TOLERANCE)
+  assert results["eval"]["positives"] == float(np.sum(y))  # A sum, not a mean.
+  assert results["eval"]["counted"] == 203 == results["eval"]["examples"]
+  assert results["train"]["counted"] == 5 * 32  # The last call's 5 steps.

@@ -191,6 +191,17 @@ def test_progress_lines_parse_any_metric_names():
   assert progress.parse_line("model_dir x: resuming at step 3") == {}
 
 
+def test_progress_numbers_keep_four_significant_digits_when_small():
+  assert progress.format_metrics({"loss": 0.000021376, "accuracy": 0.93561,
+                                  "examples": 5}) == "loss 2.138e-05  accuracy 0.9356"
+  assert progress.format_metrics({"loss": 0.0, "fn": 12.0}) == "loss 0.0000  fn 12.0000"
+  parsed = progress.parse_line("step 3/9  loss 2.138e-05  12 examples/s  ETA ?")
+  assert parsed["train/loss"] == 2.138e-05
+  # A matrix (a confusion matrix) is not a word of a line.
+  assert progress.format_metrics({"loss": 1.0, "confusion": [[1.0, 2.0]]}) == (
+      "loss 1.0000")
+
+
 def test_readme_example_task_is_the_shipped_file_and_runs(model_dir):
   with open(os.path.join(REPO, "examples", "quadratic.py")) as f:
     example = f.read()
