@@ -129,7 +129,7 @@ def _model_and_optimizer(config, task, strategy):
   with strategy.scope() if strategy else contextlib.nullcontext():
     keras.utils.set_random_seed(config.seed)
     model = task.build_model()
-    optimizer = build_optimizer(config.optimization, task)
+    optimizer = build_optimizer(config.optimization, task.build_optimizer())
     optimizer.build(model.trainable_variables)
   return model, optimizer
 
@@ -143,7 +143,7 @@ def _hand_replica_step(args, model, optimizer, *, apply_inside=True):
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                        reduction="none")
 
-  def replica_step(x, y):
+  def replica_step(x, y, unused_weights=None):  # The arrays' batches carry ones.
     with tf.GradientTape() as tape:
       loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)),
                                         global_batch_size=args.global_batch)
@@ -284,7 +284,7 @@ def run_pipeline(args):
   def drain(iterator, k):
     total = tf.constant(0, tf.int64)
     for _ in tf.range(k):
-      _, y = next(iterator)
+      _, y, _ = next(iterator)  # (features, labels, weights)
       total += tf.cast(tf.reduce_sum(strategy.experimental_local_results(y)[0]),
                        tf.int64)
     return total

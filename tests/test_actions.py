@@ -65,7 +65,8 @@ def test_report_writes_the_calls_scalars_and_line_and_caps_the_gap():
                   console=console, clip_norm=0.0, summary_every=25)
   assert report.next_stop(0) == 25 and report.next_stop(25) == 50
   report(_call(5))
-  (name, (split, step, values), _), = summaries.calls
+  (layout, (_, charts), _), (name, (split, step, values), _) = summaries.calls
+  assert layout == "layout" and "ledger" in charts  # On the run's first call.
   assert (name, split, step) == ("scalars", "train", 5)
   assert values["examples_per_second"] == 5 * 8 / 0.5
   assert values["replica_batches/replica_1"] == 0
