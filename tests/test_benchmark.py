@@ -82,10 +82,13 @@ def test_profile_steps_tabulates_where_a_step_goes(tmp_path):
   [row] = json.loads(out.read_text())
   breakdown = row["profile"]
   assert breakdown["steps"] == 60 and breakdown["loop_calls"] == 3
-  for part in ("input", "forward_backward", "all_reduce", "optimizer"):
-    # Every part's ops are found and attributed (the digits' all-reduce can take
-    # less time than the times' resolution).
+  for part in ("input", "forward_backward", "optimizer"):
+    # Every part's ops are found and attributed.
     assert breakdown["ops_per_step"][part] > 0, part
+  # The digits' gradients are small: their sum on one device may run inline,
+  # untraced, leaving only the all-reduce's copies in the trace.
+  assert breakdown["ops_per_step"]["all_reduce"] + breakdown["ops_per_step"][
+      "copies"] > 0
   for part in ("input", "forward_backward", "optimizer"):
     assert breakdown["op_ms_per_step"][part] > 0, part
   assert breakdown["host_ms_between_calls"] > 0
