@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import time
+import types
 
 import pytest
 
@@ -53,3 +54,21 @@ def test_a_warm_trial_with_bad_flags_fails_as_a_cold_one(server, tmp_path):
   assert _wait(trial) == 2
   assert open(log).read() == ("error: flag --model=nope: value should be one of "
                               "<cnn|mlp|resnet>\n")
+
+
+def test_a_reused_pid_is_not_given_the_earlier_trials_exit():
+  # Over a long suite or sweep the kernel reuses pids: the exit of an earlier
+  # trial under pid 4242 must not end the wait of a new trial with that pid.
+  read_end, write_end = os.pipe()
+  process = types.SimpleNamespace(stdout=os.fdopen(read_end))
+  server = ForkServer(process)
+  with os.fdopen(write_end, "w", buffering=1) as lines:
+    lines.write("exited 4242 0\n")
+    lines.write("started 4242\n")
+    assert server._reply(30) == "started 4242"
+    assert server.exit_code(4242) is None
+    lines.write("exited 4242 3\n")
+    deadline = time.monotonic() + 30
+    while server.exit_code(4242) is None and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert server.exit_code(4242) == 3

@@ -142,6 +142,10 @@ class ForkServer:
         if len(words) == 3 and words[0] == "exited":
           self._exits[int(words[1])] = int(words[2])
         else:
+          if len(words) == 2 and words[0] == "started":
+            # Pids are reused: an earlier trial's exit under this pid is not
+            # this one's. Dropped here, before its own "exited" line is read.
+            self._exits.pop(int(words[1]), None)
           self._replies.put(line.strip())
     finally:
       self._replies.put("the fork server ended")
