@@ -4,7 +4,7 @@ exact evaluation, resume and export.
 
     PYTHONPATH=examples python -m trainer.main --task=imbalanced_task:Fraud \\
         --cpu_devices=2 --global_batch_size=64 --train_steps=150 \\
-        --mode=train_and_eval --eval_every=50 --model_dir=runs/fraud
+        --eval_every=50 --model_dir=runs/fraud
 """
 
 import dataclasses

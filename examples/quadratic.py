@@ -1,7 +1,7 @@
 """A complete user task: learn y = sum(x**2) from 3 features (the README's example).
 
   PYTHONPATH=examples python -m trainer.main --task=quadratic:Quadratic \
-      --task.hidden=64 --cpu_devices=2 --mode=train_and_eval --model_dir=runs/quad
+      --task.hidden=64 --cpu_devices=2 --model_dir=runs/quad
 """
 
 import dataclasses

@@ -3,7 +3,7 @@ loss and metric, without the loop, the strategy or the distributed datasets.
 
     PYTHONPATH=examples python -m trainer.main --task=tutorial_task:Tutorial \\
         --cpu_devices=2 --global_batch_size=64 --train_steps=200 \\
-        --mode=train_and_eval --model_dir=runs/tutorial
+        --model_dir=runs/tutorial
 """
 
 import dataclasses

@@ -1,6 +1,7 @@
 """Each action on a fake loop call, with no training: its schedule (next_stop), what
 it records, and when it asks to stop; and the controller's vote and stops."""
 
+import dataclasses
 import types
 
 import numpy as np
@@ -59,21 +60,45 @@ def test_the_ledger_check_adds_up_and_names_a_short_replica():
     LedgerCheck(trainer_)(_call(10, ledger_batches=np.array([5.0, 4.0])))
 
 
-def test_report_writes_the_calls_scalars_and_line_and_caps_the_gap():
+def test_report_writes_a_point_per_history_row_and_the_calls_line():
+  columns = ("step", "loss", "examples", "weight", "replica_0", "replica_1",
+             "learning_rate", "gradient_norm", "clipped")
+  objective = types.SimpleNamespace(
+      streaming={}, scalar_streaming=(),
+      report=lambda means, **unused: dict(means))
+  trainer_ = _fake_trainer(history_columns=columns, metric_names=(),
+                           objective=objective)
+  trainer_.train_ledger.total_batches[:] = 5  # LedgerCheck counted this call.
   summaries, results, console = _Recorder(), _Recorder(), _Recorder()
-  report = Report(trainer=_fake_trainer(), results=results, summaries=summaries,
-                  console=console, clip_norm=0.0, summary_every=25)
-  assert report.next_stop(0) == 25 and report.next_stop(25) == 50
-  report(_call(5))
-  (layout, (_, charts), _), (name, (split, step, values), _) = summaries.calls
-  assert layout == "layout" and "ledger" in charts  # On the run's first call.
-  assert (name, split, step) == ("scalars", "train", 5)
-  assert values["examples_per_second"] == 5 * 8 / 0.5
-  assert values["replica_batches/replica_1"] == 0
+  summaries.enabled = True
+  report = Report(trainer=trainer_, results=results, summaries=summaries,
+                  console=console, clip_norm=0.0)
+  # A call of steps 1 to 5 with rows at steps 2 and 4: running sums.
+  history = np.array([[2, 3.0, 16, 16, 2, 2, 0.1, 1.5, 0],
+                      [4, 5.0, 32, 32, 4, 4, 0.1, 1.2, 0]])
+  report(_call(5, history=history))
+  layout, first, second = summaries.calls
+  assert layout[0] == "layout" and "ledger" in layout[1][1]  # The first call's.
+  (_, (split, step, values), _) = first
+  assert (split, step) == ("train", 2)
+  assert values["loss"] == 1.5  # (3.0 - 0) / 2 steps.
+  assert values["replica_batches/replica_1"] == 2
+  # The first call traced the loop: its time is compilation's, not a rate.
+  assert "examples_per_second" not in values
+  (_, (_, step, values), _) = second
+  assert step == 4 and values["loss"] == 1.0 and values["gradient_norm"] == 1.2
   assert "clipped_fraction" not in values
-  assert console.calls[0][0] == "report" and results.calls[0][0] == "record_train_call"
-  assert Report(trainer=_fake_trainer(), results=results, summaries=summaries,
-                console=console, clip_norm=0.0, summary_every=0).next_stop(3) is None
+  # The call's line: its first call traced, so it says it compiled.
+  [(name, args, kwargs)] = console.calls
+  assert (name, args[0], kwargs["compiled_seconds"]) == ("report", 5, 0.5)
+  assert results.calls[0][0] == "record_train_call"
+  # A later call's points have its rate: 5 steps in 0.5 s, 8 examples a step.
+  summaries.calls.clear()
+  history = np.array([[10, 4.0, 40, 40, 5, 5, 0.1, 1.0, 0]])
+  report(dataclasses.replace(_call(10, history=history), index=2))
+  [(_, (_, step, values), _)] = summaries.calls
+  assert step == 10 and values["steps_per_second"] == 10.0
+  assert values["examples_per_second"] == 80.0 and values["loss"] == 0.8
 
 
 def test_checkpoint_saves_on_its_schedule_and_at_the_end():

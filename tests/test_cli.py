@@ -2,6 +2,7 @@
 errors for bad input, signals, SIGKILL and bit-exact resume."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,9 +37,26 @@ def test_quickstart_end_to_end(model_dir):
   assert [s for s in os.listdir(os.path.join(model_dir, "train"))
           if s.startswith("events.out.tfevents")]
   assert os.path.isdir(os.path.join(model_dir, "export"))
+  # The closing lines are the README's, but for the path and the numbers.
+  assert _shape(process.stdout.splitlines()[-5:], model_dir) == _shape(
+      _readme_closing_lines(), "/home/me/trainer/runs/q1")
   # flags.txt is a flagfile that reproduces the run: rerunning it is a no-op.
   again = run_cli(f"--flagfile={model_dir}/flags.txt")
   assert again.returncode == 0 and "nothing to train" in again.stdout
+
+
+def _readme_closing_lines():
+  """The README's block that shows how the quick start's run ends."""
+  with open(os.path.join(REPO, "README.md")) as f:
+    text = f.read()
+  block = text.split("your numbers differ in the last digits):\n\n```\n")[1]
+  return block.split("```")[0].splitlines()
+
+
+def _shape(lines, model_dir):
+  """Lines with the run directory and every number replaced by placeholders."""
+  return [re.sub(r"\d+(\.\d+)?", "N", line.replace(model_dir, "DIR"))
+          for line in lines]
 
 
 def test_default_run_needs_no_flags(tmp_path):

@@ -28,7 +28,9 @@ from presets import FAST, train
 
 
 def _files(directory):
-  return sorted(os.listdir(directory))
+  """Every file under `directory` (best/ too), relative to it."""
+  return sorted(os.path.relpath(os.path.join(root, name), directory)
+                for root, _, names in os.walk(directory) for name in names)
 
 
 def _ckpt_dir(model_dir):

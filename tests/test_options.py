@@ -201,7 +201,7 @@ def test_warm_start_refuses_a_checkpoint_where_nothing_fits(tmp_path):
 # 8. Profiler.
 def test_profile_steps_write_a_trace_and_where_a_step_went(model_dir, capsys):
   results = train(*SGD, model_dir=model_dir, train_steps=12, profile_steps=(5, 8),
-                  cpu_devices=2)
+                  cpu_devices=2, steps_per_loop=2)
   [trace] = glob.glob(os.path.join(model_dir, "train", "plugins", "profile", "*",
                                    "*.xplane.pb"))
   breakdown = read_results(model_dir)["profile"]
@@ -214,6 +214,28 @@ def test_profile_steps_write_a_trace_and_where_a_step_went(model_dir, capsys):
     assert breakdown["ops_per_step"][part] > 0, (part, breakdown["ops_per_step"])
   assert ops["forward_backward"] == max(ops.values()) > 0
   assert "profile of 4 steps: " in capsys.readouterr().out
+  # A step marker per loop call (the Profile tab's Overview page), numbered by
+  # the call's last step.
+  assert breakdown["loop_calls"] == 2 and _step_markers(trace) == [6, 8]
+
+
+def _step_markers(trace) -> list:
+  """The step numbers of the trace's step markers (profile.STEP_MARKER)."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+  from trainer.training import profile
+  space = xplane_pb2.XSpace()
+  with open(trace, "rb") as f:
+    space.ParseFromString(f.read())
+  steps = []
+  for plane in space.planes:
+    names = {i: m.name for i, m in plane.stat_metadata.items()}
+    for line in plane.lines:
+      for event in line.events:
+        if plane.event_metadata[event.metadata_id].name == profile.STEP_MARKER:
+          steps += [stat.int64_value or stat.uint64_value for stat in event.stats
+                    if names.get(stat.metadata_id) == "step_num"]
+  return sorted(steps)
 
 
 def test_a_trace_that_cannot_be_read_does_not_fail_the_run(model_dir, capsys,
@@ -271,7 +293,33 @@ def test_histograms_show_the_weights_and_that_steps_gradients(model_dir):
       assert buckets[-1, 1] == pytest.approx(values.max(), abs=1e-4), tag
 
 
-# 10. Time budget.
+# 10. ReduceLROnPlateau.
+def test_reduce_lr_on_plateau_lowers_the_rate_and_resumes_exactly(tmp_path):
+  # A metric that never improves (the loss, taken as better when larger): the
+  # rate halves at every second evaluation after the first, kept on resume.
+  args = ["--model=mlp", "--optimizer=sgd", "--learning_rate=0.1",
+          "--per_replica_batch_size=8", "--deterministic", "--eval_every=5",
+          "--best_metric=eval/loss", "--best_goal=max", "--reduce_lr_patience=2",
+          "--reduce_lr_factor=0.5", "--summary_every=5", "--checkpoint_every=1000"]
+  straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+  process = run_cli(f"--model_dir={straight}", "--train_steps=30", *args)
+  assert process.returncode == 0, process.stderr
+  assert ("2 evaluations without eval/loss improving: learning rate 0.1 -> 0.05 at "
+          "step 15") in process.stdout
+  rates = dict(read_scalars(os.path.join(straight, "train"))["learning_rate"])
+  assert [rates[s] for s in (15, 20, 25, 30)] == pytest.approx([0.1, 0.05, 0.05,
+                                                                0.025])
+  # Split where the rate was lowered (a run's end evaluates, so a split off the
+  # --eval_every grid would add an evaluation and change the count).
+  first = run_cli(f"--model_dir={split}", "--train_steps=15", *args)
+  assert first.returncode == 0 and "0.1 -> 0.05 at step 15" in first.stdout
+  resumed = run_cli(f"--model_dir={split}", "--train_steps=30", *args)
+  assert resumed.returncode == 0 and "resuming at step 15" in resumed.stdout
+  assert "0.1 -> 0.05" not in resumed.stdout  # Not again: the record kept it.
+  assert_bit_identical(straight, split)
+
+
+# 11. Time budget.
 def test_max_time_stops_with_a_checkpoint_and_a_rerun_resumes(model_dir):
   args = [f"--model_dir={model_dir}", "--model=mlp", "--optimizer=sgd",
           "--steps_per_loop=50", "--checkpoint_every=100000"]
@@ -331,6 +379,9 @@ def test_resume_is_bit_exact_with_every_option_on(tmp_path):
     (["--profile_steps=5,50"], "<= --train_steps"),
     (["--early_stopping_patience=3"], "--early_stopping_patience=3: needs "
      "evaluations: --mode=train_and_eval and --eval_every=N"),
+    (["--reduce_lr_patience=2"], "--reduce_lr_patience=2: needs evaluations"),
+    (["--reduce_lr_patience=2", "--eval_every=5", "--reduce_lr_factor=1"],
+     "--reduce_lr_factor=1.0: must be in (0, 1)"),
 ])
 def test_bad_option_values_are_one_line_and_write_nothing(model_dir, args, fragment):
   process = run_cli(f"--model_dir={model_dir}", "--train_steps=20", *args)

@@ -75,6 +75,16 @@ def test_grid_runs_every_trial_and_ranks_them(grid_root):
     assert f.read().count("| completed |") == 4
 
 
+def test_a_logged_sweep_has_a_line_per_trial_and_one_table(grid_root):
+  _, result = grid_root  # Its stdout is a pipe, as a log is.
+  for trial in TRIALS:
+    [line] = [line for line in result.stdout.splitlines()
+              if line.startswith(f"{trial} completed")]
+    assert re.fullmatch(rf"{re.escape(trial)} completed: eval/accuracy [\d.]+ at "
+                        r"step 40 \(.*\) in [\d.]+ s", line), line
+  assert result.stdout.count("(4 completed)") == 1  # The table, once, at the end.
+
+
 def test_trials_are_told_their_share_of_threads(grid_root):
   root, _ = grid_root
   threads = max(1, os.cpu_count() // 2)
@@ -270,8 +280,8 @@ def test_several_spec_files_and_the_command_line_combine(tmp_path):
      "--learning_rate is swept more than once"),
     (["--grid=per_replica_batch_size=0,8", "--metric=train/loss"],
      "trial per_replica_batch_size=0: --per_replica_batch_size=0: must be >= 1"),
-    (["--grid=learning_rate=0.1"], "--metric=eval/accuracy: trial learning_rate=0.1 "
-     "runs --mode=train"),
+    (["--grid=learning_rate=0.1", "--", "--mode=train"],
+     "--metric=eval/accuracy: trial learning_rate=0.1 runs --mode=train"),
     ([], "nothing to sweep"),
     (["--grid=learning_rate=0.1", "--parallel=0"], "--parallel=0: must be >= 1"),
     (["--spec=flags/sweeps/none.sweep"],

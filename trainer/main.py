@@ -84,7 +84,19 @@ def run(actions=()):
       adds its pruning gate), after the task's own.
   """
   interrupts.install()  # First: a signal at any later moment is a clean stop.
+  if any(arg in _HELP for arg in sys.argv[1:]):
+    print(config_lib.flags.help_text(_task_of(sys.argv[1:])))
+    sys.exit(int(ExitCode.OK))
   app.run(functools.partial(main, actions=actions), flags_parser=_parse_flags)
+
+
+_HELP = ("--help", "-h", "-?", "--helpshort")  # --helpfull stays absl's.
+
+
+def _task_of(argv) -> str:
+  """The --task a command line names (the last one), else the default."""
+  named = [arg.split("=", 1)[1] for arg in argv if arg.startswith("--task=")]
+  return named[-1] if named else "classification"
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ its schedule (`next_stop`), in this order:
   Histograms    --histogram_every: weights and gradients (histograms.py)
   Profiler      --profile_steps' trace (profiler.py)
   Evaluate      --eval_every, the best checkpoint, early stopping (evaluate.py)
+  ReduceOnPlateau  --reduce_lr_patience: the rate when evaluations stall (plateau.py)
   user actions  the task's `actions()`, then `train(..., actions=[...])` (user.py)
   Checkpoint    --checkpoint_every and the last step (checkpoint.py)
   SignalStop    SIGTERM or SIGINT (limits.py)

@@ -1,6 +1,9 @@
 """Saves a checkpoint every --checkpoint_every steps and at --train_steps."""
 
+import tensorflow as tf
+
 from trainer.actions.base import Action, LoopCall, due, next_multiple
+from trainer.training import profile
 
 
 class Checkpoint(Action):
@@ -16,8 +19,10 @@ class Checkpoint(Action):
     return next_multiple(step, self._every)
 
   def save(self):
-    self._checkpoints.save()
-    self._summaries.flush()  # Events on disk reach at least the checkpoint's step.
+    # Named in a profile's trace: its host time is not the loop's.
+    with tf.profiler.experimental.Trace(profile.HOST_WORK[1]):
+      self._checkpoints.save()
+      self._summaries.flush()  # Events on disk reach at least the checkpoint's step.
 
   def __call__(self, call: LoopCall):
     if due(call.step, self._every) or call.step >= self._train_steps:

@@ -9,8 +9,11 @@ flushed with the checkpoint.
 
 from typing import Optional
 
+import tensorflow as tf
+
 from trainer.actions.base import Action, LoopCall, Stop, due, next_multiple
 from trainer.errors import RunStatus
+from trainer.training import profile
 
 
 class Evaluate(Action):
@@ -63,7 +66,9 @@ class Evaluate(Action):
     """Evaluates now; records it, keeps the best and counts patience."""
     trainer = self._trainer
     step = trainer.step
-    metrics = trainer.evaluate(self._data)
+    # Named in a profile's trace: its host time is not the loop's.
+    with tf.profiler.experimental.Trace(profile.HOST_WORK[0]):
+      metrics = trainer.evaluate(self._data)
     self._latest = (step, metrics)
     improved = self._results.record_eval(step, metrics)
     self._summaries.scalars("eval", step, {k: v for k, v in metrics.items()

@@ -48,10 +48,17 @@ class NanPolicy(Action):
     self.rollbacks, self.multiplier = divergence.saved_rollbacks(model_dir)
 
   def apply_learning_rate(self):
-    """Sets the optimizer's rate to the flag's times the rollbacks' multiplier."""
+    """Sets the optimizer's rate to the flag's times the rollbacks' multiplier
+    and the factor --reduce_lr_patience reached (in the run record)."""
     trainer = self._trainer
     if trainer.base_learning_rate is not None:
-      trainer.set_peak_rate(trainer.base_learning_rate * self.multiplier)
+      trainer.set_peak_rate(self.learning_rate)
+
+  @property
+  def learning_rate(self) -> float:
+    """The peak rate as the rollbacks and plateaus left it (the flag's, else)."""
+    return (self._trainer.base_learning_rate * self.multiplier *
+            self._checkpoints.record.lr_plateau_factor)
 
   def __call__(self, call: LoopCall):
     if call.all_finite:
@@ -90,8 +97,7 @@ class NanPolicy(Action):
       rate = "the task's learning-rate schedule is left as it is"
     else:
       self.apply_learning_rate()
-      rate = (f"learning rate halved to "
-              f"{trainer.base_learning_rate * self.multiplier:g}")
+      rate = f"learning rate halved to {self.learning_rate:g}"
     self._console.say(f"non-finite loss at step {call.step}: rolled back to step "
                       f"{restored} (rollback {self.rollbacks} of {MAX_ROLLBACKS}), "
                       f"{rate}")

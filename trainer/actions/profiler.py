@@ -1,5 +1,7 @@
 """--profile_steps=A,B: a TensorFlow profiler trace of the loop calls running steps
-A to B (loop calls end at A - 1 and B), under MODEL_DIR/train. When the window is
+A to B (loop calls end at A - 1 and B), under MODEL_DIR/train. Each loop call
+carries a step marker (see Controller): the Profile tab's Overview page shows
+each call as a step (with --steps_per_loop=1, each step). When the window is
 complete, where a step's time went (training.profile) goes to results.json
 ("profile") and to one line."""
 
@@ -26,7 +28,8 @@ class Profiler(Action):
   def next_stop(self, step):
     if not self._window:
       return None
-    stops = [s for s in (self._window[0] - 1, self._window[1]) if s > step]
+    first, last = self._window
+    stops = [s for s in (first - 1, last) if s > step]
     return min(stops) if stops else None
 
   def _start(self):

@@ -80,10 +80,14 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
                                or self.profile_steps[1] > self.train_steps):
       raise ConfigError(f"--profile_steps={flag_value(self.profile_steps)}: must be "
                         "A,B with 1 <= A <= B <= --train_steps, e.g. 10,20")
-    if self.early_stopping_patience and not (self.mode == "train_and_eval" and
-                                             self.eval_every):
-      raise ConfigError(f"--early_stopping_patience={self.early_stopping_patience}: "
-                        "needs evaluations: --mode=train_and_eval and --eval_every=N")
+    for name in ("early_stopping_patience", "reduce_lr_patience"):
+      if getattr(self, name) and not (self.mode in (None, "train_and_eval")
+                                      and self.eval_every):
+        raise ConfigError(f"--{name}={getattr(self, name)}: needs evaluations: "
+                          "--mode=train_and_eval and --eval_every=N")
+    if self.reduce_lr_patience and not 0.0 < self.reduce_lr_factor < 1.0:
+      raise ConfigError(f"--reduce_lr_factor={self.reduce_lr_factor}: must be in "
+                        "(0, 1), e.g. 0.1")
     if self.best_metric is not None and not self.best_metric.startswith("eval/"):
       raise ConfigError(f"--best_metric={self.best_metric}: must be eval/NAME, e.g. "
                         "eval/loss")
@@ -111,6 +115,12 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
   @property
   def loop(self) -> LoopConfig:
     return self._section(LoopConfig)
+
+  @property
+  def summary_steps(self) -> int:
+    """Steps between two train summary points: --summary_every, else about 100
+    points per run."""
+    return self.summary_every or max(1, self.train_steps // 100)
 
   @property
   def task_kwargs(self) -> dict:

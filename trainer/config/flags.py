@@ -9,6 +9,7 @@ FlagValues, for sweeps and scripts.
 
 import dataclasses
 import os
+import textwrap
 import typing
 from typing import Optional, Sequence
 
@@ -45,6 +46,41 @@ def task_flag_table(task_class, spec: str) -> str:
     shown = "" if default is None else f"`{flag_value(default)}`"
     rows.append(f"| {names} | {shown} | {f.metadata.get('help', '')} |")
   return f"### `--task={spec}`\n\n" + "\n".join(rows)
+
+
+def help_text(task_spec: str = "classification") -> str:
+  """`--help`: the framework's flags grouped by section (as docs/flags.md), then
+  the task's `--task.NAME` flags; absl's own are left to --helpfull."""
+  from trainer import tasks  # The task registry imports this package.
+
+  def entry(name: str, default, text: str, alias: str = "") -> str:
+    value = "" if default is None else flag_value(default)
+    return (f"  {name}{'=' + value if value else ''}{alias}\n" +
+            textwrap.fill(text, width=88, initial_indent="      ",
+                          subsequent_indent="      "))
+
+  parts = ["usage: python -m trainer.main [--flagfile=FILE] [--name=value ...]\n"
+           "(a flagfile holds one --name=value per line; later flags override it)"]
+  for section in SECTIONS:
+    lines = [f"{section.__doc__.strip().rstrip('.')}:"]
+    lines += [entry(f"--{f.name}", f.default, f.metadata["help"])
+              for f in dataclasses.fields(section) if f.metadata["flag"]]
+    parts.append("\n".join(lines))
+  try:
+    task_class = tasks.load_task_class(task_spec)
+  except ConfigError as e:
+    parts.append(f"(no task flags: {e})")
+  else:
+    defaults = tasks.param_defaults(task_class)
+    lines = [f"The task's flags (--task={task_spec}):"]
+    lines += [entry(f"--task.{f.name}", defaults.get(f.name),
+                    f.metadata.get("help", ""),
+                    alias=f"  (or --{f.name})" if f.name in TASK_FLAG_ALIASES else "")
+              for f in tasks.hyperparameters(task_class)]
+    parts.append("\n".join(lines))
+  parts.append("Every flag with its meaning: docs/flags.md; absl's own flags too: "
+               "--helpfull.")
+  return "\n\n".join(parts)
 
 
 def _field_named(name: str) -> dataclasses.Field:

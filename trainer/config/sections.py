@@ -62,9 +62,11 @@ def field(default, help_text, *, choices=None, lower=None, upper=None, layout=Fa
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """What to run, where, and for how long."""
-  mode: str = field("train", "train: train only; train_and_eval: train, evaluating "
-                    "every --eval_every steps and at the end; eval: evaluate the "
-                    "latest checkpoint of --model_dir.", choices=MODES)
+  mode: Optional[str] = field(
+      None, "train: train only; train_and_eval: train, evaluating every "
+      "--eval_every steps and at the end; eval: evaluate the latest checkpoint of "
+      "--model_dir. Default: train_and_eval when the task has eval data, else "
+      "train.", choices=MODES)
   model_dir: Optional[str] = field(
       None, "Run directory (events, checkpoints, results.json). Default: a new "
       "timestamped folder under runs/.")
@@ -232,8 +234,10 @@ class LoopConfig:
   """When the loop's actions run: evaluations, checkpoints, summaries, limits."""
   steps_per_loop: int = field(0, "Steps per tf.function call (0 = automatic: about "
                               "one second per call).", lower=0, upper=MAX_STEPS)
-  summary_every: int = field(0, "At most this many steps between summaries (0 = "
-                             "once per loop call).", lower=0, upper=MAX_STEPS)
+  summary_every: int = field(0, "A point of every train scalar every N steps, "
+                             "recorded inside loop calls without ending them (0 = "
+                             "about 100 points per run: --train_steps / 100).",
+                             lower=0, upper=MAX_STEPS)
   histogram_every: int = field(0, "Every N steps, write histograms of each weight "
                                "and of its gradient at that step (TensorBoard's "
                                "Histograms and Distributions tabs; 0 = off). Keeps "
@@ -253,6 +257,14 @@ class LoopConfig:
   early_stopping_min_delta: float = field(0.0, "The least change of --best_metric "
                                           "that counts as an improvement.",
                                           lower=0.0)
+  reduce_lr_patience: int = field(0, "Multiply the learning rate by "
+                                  "--reduce_lr_factor at every this many "
+                                  "evaluations without an improvement of "
+                                  "--best_metric by --early_stopping_min_delta, as "
+                                  "Keras' ReduceLROnPlateau (0 = off).", lower=0)
+  reduce_lr_factor: float = field(0.1, "The factor of --reduce_lr_patience (the "
+                                  "rate stays >= --min_learning_rate).",
+                                  lower=0.0, upper=1.0)
   checkpoint_every: int = field(100, "Save a checkpoint every N steps (and at the "
                                 "end).", lower=1, upper=MAX_STEPS)
   keep_checkpoints: int = field(3, "Checkpoints to keep.", lower=1, upper=10**6)

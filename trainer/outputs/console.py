@@ -36,8 +36,10 @@ class Console:
     """A line of this worker's own (e.g. the files it reads): every worker says it."""
     print(message, flush=True)
 
-  def report(self, step: int, metrics: dict, *, examples_per_second: float):
-    """The line of a loop call that ended at `step`."""
+  def report(self, step: int, metrics: dict, *, examples_per_second: float,
+             compiled_seconds=None):
+    """The line of a loop call that ended at `step` (`compiled_seconds`: the
+    call traced the loop and took that long)."""
     if self._start_step is None:
       self._start_step, self._start = step, time.perf_counter()
       eta = "?"
@@ -46,7 +48,8 @@ class Console:
       eta = progress.duration((self._total - step) / rate) if rate > 0 else "?"
     if self._progress:
       print(progress.step_line(step, self._total, metrics,
-                               examples_per_second=examples_per_second, eta=eta),
+                               examples_per_second=examples_per_second, eta=eta,
+                               compiled_seconds=compiled_seconds),
             flush=True)
 
   def report_eval(self, step: int, metrics: dict):

@@ -2,8 +2,12 @@
 
 The line formats live here, next to the parser, so changing one changes the other:
 
+    step 1/300  loss 2.3061  accuracy 0.0938  (compiling: 1.84 s)  ETA ?
     step 100/300  loss 0.4211  accuracy 0.8750  45,120 examples/s  ETA 0:00:02
     eval at step 100: loss 0.4253  accuracy 0.8778  (360 examples)
+
+The first loop call of a process traces the loop: its time is compilation's, not
+a throughput.
 
 Each line holds the loss and the task's metrics as `name value` pairs. This module
 does not import TensorFlow.
@@ -12,7 +16,7 @@ does not import TensorFlow.
 import re
 
 _STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)  (?P<pairs>.*?)  "
-                        r"[\d,]+ examples/s")
+                        r"([\d,]+ examples/s|\(compiling: [\d.]+ s\))")
 _EVAL_LINE = re.compile(
     r"^eval at step (?P<step>\d+): (?P<pairs>.*?)  \(\d+ examples\)")
 _PAIR = re.compile(r"^(?P<name>\S+) (?P<value>\S+)$")
@@ -59,10 +63,12 @@ def parse_line(line: str) -> dict:
 
 
 def step_line(step: int, total: int, metrics: dict, *, examples_per_second: float,
-              eta: str) -> str:
-  """`step 100/300  loss 0.4211  accuracy 0.8750  45,120 examples/s  ETA 0:00:02`."""
-  return (f"step {step}/{total}  {format_metrics(metrics)}  "
-          f"{examples_per_second:,.0f} examples/s  ETA {eta}")
+              eta: str, compiled_seconds=None) -> str:
+  """`step 100/300  loss 0.4211  accuracy 0.8750  45,120 examples/s  ETA 0:00:02`,
+  or for a call that traced, `(compiling: 1.84 s)` instead of the rate."""
+  rate = (f"(compiling: {compiled_seconds:.2f} s)" if compiled_seconds is not None
+          else f"{examples_per_second:,.0f} examples/s")
+  return f"step {step}/{total}  {format_metrics(metrics)}  {rate}  ETA {eta}"
 
 
 def eval_line(step: int, metrics: dict) -> str:

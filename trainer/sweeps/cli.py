@@ -201,7 +201,8 @@ def build_plan(args) -> Plan:
       config = config_lib.from_argv(trainer_args(name, values))
     except ConfigError as e:
       raise ConfigError(f"trial {name}: {e}") from None
-    if args.metric.startswith("eval/") and config.mode != "train_and_eval":
+    # The default mode evaluates a task with eval data (one without: no metric).
+    if args.metric.startswith("eval/") and config.mode in ("train", "eval"):
       raise ConfigError(f"--metric={args.metric}: trial {name} runs --mode="
                         f"{config.mode}, which does not evaluate; add -- "
                         "--mode=train_and_eval or pick --metric=train/loss")

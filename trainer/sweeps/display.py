@@ -1,11 +1,10 @@
 """What a sweep writes to its output: its messages, and the table of its trials,
-redrawn in place on a terminal, else printed on every trial's start and end and
-now and then (in a log, a table per second would bury everything else)."""
+redrawn in place on a terminal; in a log, a line per finished trial and the whole
+table once, at the end (a table per trial would bury everything else)."""
 
 import time
 
 _LIVE_TABLE_SECONDS = 1.0  # On a terminal the table is redrawn in place.
-_PLAIN_TABLE_SECONDS = 30.0  # In a log: on every start and end, and this often.
 
 
 class Display:
@@ -32,15 +31,15 @@ class Display:
     self._drawn_lines = 0
 
   def draw(self, *, force: bool = False, final: bool = False):
-    """Redraws the table in place on a terminal, else prints it now and then.
+    """Redraws the table in place on a terminal; in a log, only the final one.
 
     Args:
       force: a trial started or ended: draw now.
       final: the last table, left on screen.
     """
     now = time.monotonic()
-    interval = _LIVE_TABLE_SECONDS if self.live else _PLAIN_TABLE_SECONDS
-    if not (force or final or now - self._last_draw >= interval):
+    if not final and not (self.live and (force or
+                                         now - self._last_draw >= _LIVE_TABLE_SECONDS)):
       return
     text = self._table()
     if self.live and self._drawn_lines:

@@ -69,6 +69,20 @@ def rows(runs: list, names: list) -> tuple:
   return header, body
 
 
+def trial_line(run, *, metric: str) -> str:
+  """One line on a trial that ended: `t3 completed: eval/accuracy 0.9356 at step
+  300 (learning_rate=0.01, task.hidden=64) in 12.3 s`."""
+  values = ", ".join(f"{name}={flag_text(value)}"
+                     for name, value in run.trial.values.items())
+  measured = (f": {metric} {_number(run.metrics[metric])}"
+              if metric in run.metrics else "")
+  step = run.metrics.get("step")
+  return (f"{run.name} {run.status}{measured}"
+          + (f" at step {step}" if step is not None else "")
+          + (f" ({values})" if values else "") + f" in {run.elapsed:.1f} s"
+          + (f": {run.error}" if run.error else ""))
+
+
 def live_table(runs: list, names: list) -> str:
   """A fixed-width table of every trial (status, step, latest metrics, elapsed)."""
   header, body = rows(runs, names)

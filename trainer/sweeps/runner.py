@@ -197,6 +197,8 @@ class Sweep:
                        value=run.metrics.get(self._ranking.get("metric")),
                        attempts=run.attempts, error=run.error, elapsed=run.elapsed)
     report.write_trial_status(run.model_dir, run.status, step=run.metrics.get("step"))
+    if not self._display.live:  # A log: a line per finished trial, not a table.
+      self._say(report.trial_line(run, metric=self._ranking.get("metric")))
 
   def _wait_for_lock(self, run) -> bool:
     """Whether a trial that found its model_dir locked (exit 5) tries again soon:

@@ -1,5 +1,9 @@
-"""What a run says as it starts: where it is, on what, and what it ignores."""
+"""What a run says as it starts (where it is, on what, and what it ignores) and
+as it ends (what it reached, where it is, how to look further)."""
 
+import os
+
+from trainer.outputs.progress import format_metrics
 from trainer.training import optimizers
 from trainer.training.record import RunRecord
 
@@ -61,7 +65,40 @@ def notes(config, *, built, restored, previous: RunRecord) -> list:
       "GPU" in d.upper() for d in cluster.devices):
     lines.append(f"note: --cpu_devices={config.cpu_devices} is ignored with "
                  "--strategy=multi_worker on CPUs: each worker runs one replica")
+  if config.reduce_lr_patience and built.trainer.base_learning_rate is None:
+    lines.append(f"note: --reduce_lr_patience={config.reduce_lr_patience} is "
+                 "ignored: the task's optimizer has its own learning-rate schedule")
   if config.eval_every and config.mode == "train":
     lines.append(f"note: --eval_every={config.eval_every} is ignored with "
                  "--mode=train: use --mode=train_and_eval to evaluate")
   return lines
+
+
+def closing_lines(data: dict, *, model_dir: str, best_metric: str) -> list:
+  """The run's last lines, from its results: its status and final (and best)
+  metrics, its absolute directory, and the commands that show more.
+
+  Example:
+    completed at step 300: eval loss 0.2131  accuracy 0.9388 (best accuracy
+      0.9444 at step 250)
+    run directory: /home/me/trainer/runs/q1
+    look further: tensorboard --logdir /home/me/trainer/runs/q1 | python -m
+      trainer.inspect /home/me/trainer/runs/q1
+    the model: trainer.load("/home/me/trainer/runs/q1") in Python, or the
+      SavedModel in /home/me/trainer/runs/q1/export
+  """
+  where = os.path.abspath(model_dir)
+  split = "eval" if data.get("eval") else "train"
+  measured = {k: v for k, v in (data.get(split) or {}).items() if k != "step"}
+  line = f"{data['status']} at step {data['global_step']}"
+  if measured:
+    line += f": {split} {format_metrics(measured)}"
+  best, name = data.get("best_eval"), best_metric.split("/", 1)[-1]
+  if best and name in best and best.get("step") != data["global_step"]:
+    line += f" (best {name} {best[name]:.4f} at step {best['step']})"
+  export = data.get("export_dir")
+  return [line, f"run directory: {where}",
+          f"look further: tensorboard --logdir {where} | python -m trainer.inspect "
+          f"{where}",
+          f"the model: trainer.load({where!r}) in Python"
+          + (f", or the SavedModel in {os.path.abspath(export)}" if export else "")]

@@ -17,6 +17,7 @@ import tensorflow as tf
 from trainer.actions.base import STOP_PRIORITY, LoopCall, Stop
 from trainer.actions.nan_policy import ROLLED_BACK
 from trainer.errors import RunStatus
+from trainer.training import profile
 from trainer.training.watchdog import LOOP_CALL, HangWatchdog
 
 _AUTO_TARGET_SECONDS = 1.0  # --steps_per_loop=0: aim for loop calls this long.
@@ -74,8 +75,12 @@ class Controller:
     if num_steps not in self._num_steps:
       self._num_steps[num_steps] = tf.constant(num_steps)
     start = time.perf_counter()
-    outputs = trainer.run_train_loop(self._data, iterator, self._num_steps[num_steps],
-                                     step=step)
+    # A step marker for the profiler (a no-op unless it records): the Profile
+    # tab's Overview page times each loop call as a step.
+    with tf.profiler.experimental.Trace(profile.STEP_MARKER, step_num=step + num_steps,
+                                        _r=1):
+      outputs = trainer.run_train_loop(self._data, iterator,
+                                       self._num_steps[num_steps], step=step)
     seconds = time.perf_counter() - start
     self._calls += 1
     return LoopCall(index=self._calls, step=int(outputs["step"]), num_steps=num_steps,

@@ -46,6 +46,8 @@ class Objective:
     if isinstance(task.loss, keras.losses.Loss):
       self._loss = task.loss.call  # Per-example values, not their reduction.
     self.streaming = streaming
+    # The streaming metrics with one value (not a matrix): set by the probe.
+    self.scalar_streaming = ()
     self._class_weight = class_weight_table(
         task.class_weight if class_weight is None else class_weight)
     parameters = inspect.signature(task.finalize_metrics).parameters

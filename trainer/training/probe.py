@@ -68,11 +68,14 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
   sums = {name: float(value) for name, value in
           objective.metric_sums(labels, outputs, weights).items()}
   weight, loss_sum = float(tf.reduce_sum(weights)), float(tf.reduce_sum(loss))
+  results = objective.streaming_results()
+  objective.scalar_streaming = tuple(name for name, value in results.items()
+                                     if value.shape.num_elements() == 1)
   reported = objective.report(
       {"loss": loss_sum / batch,
        **{name: value / weight if weight else 0.0 for name, value in sums.items()}},
       sums=dict(sums, loss=loss_sum, weight=weight), examples=batch,
-      streaming=objective.streaming_results())
+      streaming=results)
   for metric, _ in streaming.values():
     metric.reset_state()
   scalars = tuple(name for name, value in reported.items()

@@ -39,6 +39,10 @@ INPUT_PART = PARTS[INPUT]
 COPIES, BOOKKEEPING = "copies", "bookkeeping"
 CATEGORIES = tuple(PARTS.values()) + (COPIES, BOOKKEEPING)
 LOOP_FUNCTION = "train_loop"  # The tf.function whose calls the trace times.
+STEP_MARKER = "train"  # The profiler's step marker around each loop call.
+# Host work between loop calls that is not the loop's: traced under these names
+# (by the Evaluate and Checkpoint actions), timed apart.
+HOST_WORK = ("evaluation", "checkpoint")
 EXECUTOR = "ExecutorState::"  # The executor's own spans (Process, ProcessAsync).
 
 
@@ -126,7 +130,9 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
     "other_ms_per_step" (the rest of the executor threads' time: under
     --jit_compile, XLA's compiled forward and backward pass),
     "host_ms_between_calls" (median time from the end of a call to the start of
-    the next: host work; None for a single call)}.
+    the next: host work; None for a single call), "host_ms_evaluation_and_
+    checkpoint" (the gaps in which an evaluation or a checkpoint ran, in all:
+    not in the median)}.
 
   Raises:
     ValueError: the trace holds no train_loop call, or `steps` < 1.
@@ -153,7 +159,17 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
   op_ps, op_counts, executor_ps, other_ps = _sum_self_times(host, in_a_call)
   total = sum(op_ps.values()) or 1
   per_step_ms = lambda ps: round(ps / 1e9 / steps, 4)
-  gaps = [b[0] - (a[0] + a[1]) for a, b in zip(calls, calls[1:])]
+  named = sorted((line.timestamp_ns * 1000 + e.offset_ps, e.duration_ps)
+                 for plane in host for line in plane.lines for e in line.events
+                 if plane.event_metadata[e.metadata_id].name in HOST_WORK)
+  gaps, apart = [], 0
+  for a, b in zip(calls, calls[1:]):
+    gap_start, gap_end = a[0] + a[1], b[0]
+    inside = [d for start, d in named if gap_start <= start < gap_end]
+    if inside:  # An evaluation or a checkpoint ran here: not the loop's gap.
+      apart += gap_end - gap_start
+    else:
+      gaps.append(gap_end - gap_start)
   return {"steps": steps, "loop_calls": len(calls),
           "wall_ms_per_step": per_step_ms(sum(d for _, d in calls)),
           "op_ms_per_step": {k: per_step_ms(v) for k, v in op_ps.items()},
@@ -163,7 +179,8 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
           "executor_ms_per_step": per_step_ms(executor_ps),
           "other_ms_per_step": per_step_ms(other_ps),
           "host_ms_between_calls": (round(statistics.median(gaps) / 1e9, 4)
-                                    if gaps else None)}
+                                    if gaps else None),
+          "host_ms_evaluation_and_checkpoint": round(apart / 1e9, 4)}
 
 
 def describe(breakdown: dict) -> str:
@@ -175,4 +192,7 @@ def describe(breakdown: dict) -> str:
           f"{breakdown['executor_ms_per_step']:.3f}; other "
           f"{breakdown['other_ms_per_step']:.3f}" + (
               "" if breakdown["host_ms_between_calls"] is None else
-              f"; host between calls {breakdown['host_ms_between_calls']:.3f} ms"))
+              f"; host between calls {breakdown['host_ms_between_calls']:.3f} ms")
+          + ("" if not breakdown.get("host_ms_evaluation_and_checkpoint") else
+             f" (evaluations and checkpoints apart: "
+             f"{breakdown['host_ms_evaluation_and_checkpoint']:.1f} ms)"))

@@ -31,6 +31,8 @@ class RunRecord:
     best_eval: the best evaluation so far (by --best_metric), with its step.
     patience_reference: --best_metric's value that later ones must beat.
     evals_without_improvement: evaluations since it was last beaten.
+    lr_plateau_factor: what --reduce_lr_patience has multiplied the learning rate
+      by so far.
   """
   ledger_batches: Optional[list] = None
   ledger_examples: Optional[list] = None
@@ -46,6 +48,7 @@ class RunRecord:
   best_eval: Optional[dict] = None
   patience_reference: Optional[float] = None
   evals_without_improvement: int = 0
+  lr_plateau_factor: float = 1.0
 
   def to_json(self) -> str:
     return json.dumps({k: v for k, v in dataclasses.asdict(self).items()

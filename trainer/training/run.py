@@ -24,6 +24,7 @@ from trainer.actions.histograms import Histograms
 from trainer.actions.ledger import LedgerCheck
 from trainer.actions.limits import SignalStop, TimeLimit
 from trainer.actions.nan_policy import NanPolicy
+from trainer.actions.plateau import ReduceOnPlateau
 from trainer.actions.profiler import Profiler
 from trainer.actions.report import Report
 from trainer.actions.user import UserAction
@@ -80,6 +81,7 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
   """Trains (and with train_and_eval, evaluates) as the config says."""
   # ---- 1-3. Devices and strategy, the task and its data, the trainer. ----
   built = setup.build(config, task)
+  config = built.config  # --mode resolved: train_and_eval where there is eval data.
   interrupts.refresh()  # The strategy's start-up may have replaced them.
   trainer, checkpoints, console = built.trainer, built.checkpoints, built.console
   cluster, train_data = built.cluster, built.train_data
@@ -199,11 +201,16 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
     loop_actions = [
         LedgerCheck(trainer), nan_policy,
         Report(trainer=trainer, results=results, summaries=summaries,
-               console=console, clip_norm=config.clip_norm,
-               summary_every=config.summary_every),
+               console=console, clip_norm=config.clip_norm),
         Histograms(trainer=trainer, summaries=summaries,
                    every=config.histogram_every),
         profiler, evaluate,
+        ReduceOnPlateau(evaluate=evaluate, checkpoints=checkpoints,
+                        nan_policy=nan_policy, console=console,
+                        patience=config.reduce_lr_patience,
+                        factor=config.reduce_lr_factor,
+                        min_rate=config.min_learning_rate,
+                        base_rate=trainer.base_learning_rate, metric=best[0]),
         *[UserAction(action, context=context) for action in actions],
         checkpoint, SignalStop(stop_request),
         TimeLimit(max_time=config.max_time, budget=config.max_time_seconds)]
@@ -229,7 +236,7 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                             on_stop=on_stop).train()
       profiler.close()
       if not status.finished:
-        return results.finish(status)
+        return _closing(results.finish(status), config, console, best[0])
 
       # ---- 7. Final evaluation, export, results. ----
       if config.mode == "train_and_eval" and results.eval_step != trainer.step:
@@ -243,10 +250,19 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
           console.say(f"{stop_request.signal_name} during the export: rerun the "
                       "same command to finish")
           return results.finish(RunStatus.INTERRUPTED)
-      return results.finish(status)
+      return _closing(results.finish(status), config, console, best[0])
     except UserCodeError:
       results.finish(RunStatus.FAILED)
       raise
+
+
+def _closing(data: dict, config: Config, console, best_metric: str) -> dict:
+  """Says the closing lines (what the run reached, where it is, how to look
+  further) and returns the results."""
+  for line in announce.closing_lines(data, model_dir=config.model_dir,
+                                     best_metric=best_metric):
+    console.say(line)
+  return data
 
 
 def _claim(stack: contextlib.ExitStack, config: Config, export_dir: str, trainer):

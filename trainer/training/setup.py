@@ -109,6 +109,8 @@ def build(config: Config, task: Task, *, read_only: bool = False,
     eval_value = task.eval_data()
   eval_data = (None if eval_value is None else
                data.as_task_data(eval_value, what="Task.eval_data()", finite=True))
+  if config.mode is None:  # The default: evaluate where the task can.
+    config = config.replace(mode="train" if eval_data is None else "train_and_eval")
   if eval_data is None and config.mode != "train" and not loading:
     raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
                       "(Task.eval_data() returned None); use --mode=train")
@@ -129,7 +131,8 @@ def build(config: Config, task: Task, *, read_only: bool = False,
       per_replica_batch_size=per_replica, seed=config.seed,
       train_steps=config.train_steps,
       gather=training and config.array_input == "gather",
-      keep_gradients=training and config.histogram_every > 0)
+      keep_gradients=training and config.histogram_every > 0,
+      record_every=config.summary_steps if config.summaries else 0)
   checkpoints = Checkpoints(model_dir=config.model_dir, trainer=trainer,
                             keep=config.keep_checkpoints, read_only=read_only,
                             say=console.say)

@@ -102,7 +102,10 @@ class TrainLoop:
   (sums over the call's examples), "ledger_batches" and "ledger_examples" (per
   replica, this call), "gradient_norm" (of the last step, before clipping),
   "clipped" (steps whose norm was clipped), "all_finite" (every step's loss and
-  gradients), "step" and "learning_rate" (the rate of the call's last step).
+  gradients), "step" and "learning_rate" (the rate of the call's last step), and
+  "history": a row (`history_columns`) at every global step that is a multiple
+  of `record_every`, with the running sums at that step, so that summaries get
+  points inside a call without ending it ([0, width] when none).
 
   `diagnose` returns "loss" (of the step), "gradient_norm", "gradient_norms" (per
   variable, before clipping) and "gradients" (all-reduced and dense, still scaled
@@ -112,7 +115,7 @@ class TrainLoop:
   def __init__(self, *, strategy, objective: Objective, model, optimizer,
                global_step, ledger, totals, per_replica_batch_size,
                global_batch_size, jit_compile=False, rule: UpdateRule = UpdateRule(),
-               gather=None):
+               gather=None, record_every: int = 0):
     """Builds the loop's tf.functions (traced at their first call).
 
     Args:
@@ -129,6 +132,8 @@ class TrainLoop:
       rule: accumulation, clipping, the learning-rate schedule and EMA.
       gather: a data.GatherInput: each replica gathers its batch in-graph from the
         global step (the loops' `iterator` is then None), instead of next().
+      record_every: a history row every this many global steps (0: none). The
+        same on every worker: reading the sums is a collective.
     """
     self._strategy, self._objective, self._model = strategy, objective, model
     self._optimizer, self._global_step = optimizer, global_step
@@ -136,6 +141,11 @@ class TrainLoop:
     self._per_replica_batch_size = per_replica_batch_size
     self._rule, self._gather = rule, gather
     self._variables = model.trainable_variables
+    self._record_every = record_every
+    self.history_columns = ("step", *totals.variables,
+                            *(f"replica_{i}" for i in range(ledger.num_replicas)),
+                            "learning_rate", "gradient_norm", "clipped",
+                            *objective.scalar_streaming)
     # The loss of an update averages over all its micro-batches, so N accumulated
     # micro-batches of B give the gradients of one batch of N * B.
     self._update_batch_size = global_batch_size * rule.accum_steps
@@ -249,11 +259,19 @@ class TrainLoop:
     strategy.run(self._objective.reset_streaming)
     norm, all_finite = tf.constant(0.0), tf.constant(True)
     clipped = tf.constant(0)
+    history = tf.TensorArray(tf.float64, size=0, dynamic_size=True,
+                             element_shape=[len(self.history_columns)])
     for _ in tf.range(num_steps):
       norm, step_clipped = self._step(iterator)
       all_finite = tf.logical_and(all_finite, tf.math.is_finite(norm))
       clipped += tf.cast(step_clipped, tf.int32)
+      if self._record_every:
+        step = self._global_step.read_value()
+        if step % self._record_every == 0:
+          history = history.write(history.size(),
+                                  self._history_row(step, norm, clipped))
     outputs = dict(totals.values(), **self._objective.streaming_results(),
+                   history=history.stack(),
                    gradient_norm=norm,
                    step=self._global_step.read_value(),
                    learning_rate=tf.cast(self._optimizer.learning_rate, tf.float32),
@@ -263,6 +281,16 @@ class TrainLoop:
     outputs["all_finite"] = tf.logical_and(all_finite,
                                            tf.math.is_finite(outputs["loss"]))
     return outputs
+
+  def _history_row(self, step, norm, clipped):
+    """The running sums after `step` as one float64 row (`history_columns`)."""
+    streaming = self._objective.streaming_results()
+    values = [step, *self._totals.values().values(),
+              *tf.unstack(self._ledger.batches.read_value()),
+              self._optimizer.learning_rate, norm, clipped,
+              *(tf.reshape(streaming[name], [])
+                for name in self._objective.scalar_streaming)]
+    return tf.stack([tf.cast(v, tf.float64) for v in values])
 
   def _diagnose(self, iterator):
     self._strategy.run(self._totals.reset)

@@ -44,6 +44,7 @@ class Trainer:
     train_ledger, eval_ledger: batches and examples per replica.
     train_totals, eval_totals: a loop call's summed loss and metrics.
     train_loop: `(iterator, num_steps) -> outputs` (train_loop.TrainLoop).
+    history_columns: the names of the columns of the loop's "history" rows.
     diagnose_step: one train step with its gradients (divergence.py).
     eval_loop: `(iterator, num_steps)`.
     gather: data.GatherInput when the replicas gather arrays in-graph (the loops
@@ -69,6 +70,7 @@ class Trainer:
   train_totals: ledger.Totals
   eval_totals: ledger.Totals
   train_loop: object
+  history_columns: tuple
   diagnose_step: object
   eval_loop: object
   gather: object
@@ -78,7 +80,8 @@ class Trainer:
   def build(cls, *, task: Task, strategy, cluster: Cluster, train_data: TaskData,
             optimization: OptimizationConfig, order: Order,
             per_replica_batch_size: int, seed: int, train_steps: int,
-            gather: bool, keep_gradients: bool = False) -> "Trainer":
+            gather: bool, keep_gradients: bool = False,
+            record_every: int = 0) -> "Trainer":
     """Builds the model, optimizer (built in scope, before any step), step and
     loops.
 
@@ -94,6 +97,8 @@ class Trainer:
       train_steps: --train_steps (where the schedule's decay ends by default).
       gather: gather arrays in-graph when they allow it (--array_input=gather).
       keep_gradients: keep a copy of each update's gradients (histograms).
+      record_every: a history row every this many steps inside loop calls
+        (summary points; 0: none).
 
     Raises:
       TaskError: the task's model, loss or metrics do not fit the framework.
@@ -131,7 +136,8 @@ class Trainer:
         global_step=global_step, ledger=ledgers[0], totals=totals[0],
         per_replica_batch_size=per_replica_batch_size,
         global_batch_size=order.global_batch_size,
-        jit_compile=optimization.jit_compile, rule=rule, gather=gather_input)
+        jit_compile=optimization.jit_compile, rule=rule, gather=gather_input,
+        record_every=record_every)
     eval_loop = steps.make_eval_loop(
         strategy=strategy, objective=objective, model=model, ledger=ledgers[1],
         totals=totals[1], per_replica_batch_size=per_replica_batch_size)
@@ -145,6 +151,7 @@ class Trainer:
                per_replica_batch_size=per_replica_batch_size, order=order,
                train_ledger=ledgers[0], eval_ledger=ledgers[1],
                train_totals=totals[0], eval_totals=totals[1], train_loop=train.loop,
+               history_columns=train.history_columns,
                diagnose_step=train.diagnose, eval_loop=eval_loop, gather=gather_input,
                _stop_vote=steps.make_stop_vote(strategy))
 
