@@ -44,15 +44,7 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
   model, outputs = built_model(task, features)
   batch = int(tf.shape(tf.nest.flatten(features)[0])[0])
 
-  with user_code("Task.metrics"):
-    metrics = task.metrics(labels, outputs)
-  if not isinstance(metrics, dict):
-    raise TaskError(f"Task.metrics() must return a dict of per-example values, got "
-                    f"{type(metrics).__name__}")
-  for name in metrics:
-    if not isinstance(name, str) or name in RESERVED or not METRIC_NAME.match(name):
-      raise TaskError(f"Task.metrics(): {name!r} cannot be a metric name (use "
-                      f"letters, digits, _ . -; not {', '.join(RESERVED)})")
+  metrics = _task_metrics(task, labels, outputs)
   streaming = objectives.streaming_metrics(task, reserved=(*RESERVED, *metrics))
   objective = objectives.Objective(task, streaming=streaming,
                                    class_weight=class_weight)
@@ -81,6 +73,24 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
   scalars = tuple(name for name, value in reported.items()
                   if not isinstance(value, list))
   return model, objective, tuple(metrics), scalars
+
+
+def _task_metrics(task: Task, labels, outputs) -> dict:
+  """Task.metrics on a probe batch, its names checked.
+
+  Raises:
+    TaskError: it is not a dict, or a name cannot be a metric's.
+  """
+  with user_code("Task.metrics"):
+    metrics = task.metrics(labels, outputs)
+  if not isinstance(metrics, dict):
+    raise TaskError(f"Task.metrics() must return a dict of per-example values, got "
+                    f"{type(metrics).__name__}")
+  for name in metrics:
+    if not isinstance(name, str) or name in RESERVED or not METRIC_NAME.match(name):
+      raise TaskError(f"Task.metrics(): {name!r} cannot be a metric name (use "
+                      f"letters, digits, _ . -; not {', '.join(RESERVED)})")
+  return metrics
 
 
 def built_model(task: Task, features) -> tuple:

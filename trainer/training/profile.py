@@ -115,6 +115,27 @@ def _sum_self_times(host, in_a_call) -> tuple:
   return op_ps, op_counts, executor_ps, other_ps
 
 
+def _events(planes, names) -> list:
+  """(start ps, duration ps) of every event named one of `names`, in time order."""
+  return sorted((line.timestamp_ns * 1000 + e.offset_ps, e.duration_ps)
+                for plane in planes for line in plane.lines for e in line.events
+                if plane.event_metadata[e.metadata_id].name in names)
+
+
+def _gaps_between(calls, host_work):
+  """The gaps between consecutive calls in which no `host_work` event started
+  (the host's own time between calls), and the summed length of the others (an
+  evaluation or a checkpoint ran there)."""
+  gaps, apart = [], 0
+  for a, b in zip(calls, calls[1:]):
+    gap_start, gap_end = a[0] + a[1], b[0]
+    if any(gap_start <= start < gap_end for start, _ in host_work):
+      apart += gap_end - gap_start
+    else:
+      gaps.append(gap_end - gap_start)
+  return gaps, apart
+
+
 def step_breakdown(trace_path: str, *, steps: int) -> dict:
   """Per-step times of the train loop calls recorded in an XPlane trace.
 
@@ -145,9 +166,7 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
   with open(trace_path, "rb") as f:
     space.ParseFromString(f.read())
   host = [p for p in space.planes if p.name.startswith("/host:")]
-  calls = sorted((line.timestamp_ns * 1000 + e.offset_ps, e.duration_ps)
-                 for plane in host for line in plane.lines for e in line.events
-                 if plane.event_metadata[e.metadata_id].name == LOOP_FUNCTION)
+  calls = _events(host, {LOOP_FUNCTION})
   if not calls:
     raise ValueError(f"{trace_path}: no {LOOP_FUNCTION} call in the trace")
   call_starts = [start for start, _ in calls]
@@ -159,17 +178,7 @@ def step_breakdown(trace_path: str, *, steps: int) -> dict:
   op_ps, op_counts, executor_ps, other_ps = _sum_self_times(host, in_a_call)
   total = sum(op_ps.values()) or 1
   per_step_ms = lambda ps: round(ps / 1e9 / steps, 4)
-  named = sorted((line.timestamp_ns * 1000 + e.offset_ps, e.duration_ps)
-                 for plane in host for line in plane.lines for e in line.events
-                 if plane.event_metadata[e.metadata_id].name in HOST_WORK)
-  gaps, apart = [], 0
-  for a, b in zip(calls, calls[1:]):
-    gap_start, gap_end = a[0] + a[1], b[0]
-    inside = [d for start, d in named if gap_start <= start < gap_end]
-    if inside:  # An evaluation or a checkpoint ran here: not the loop's gap.
-      apart += gap_end - gap_start
-    else:
-      gaps.append(gap_end - gap_start)
+  gaps, apart = _gaps_between(calls, _events(host, HOST_WORK))
   return {"steps": steps, "loop_calls": len(calls),
           "wall_ms_per_step": per_step_ms(sum(d for _, d in calls)),
           "op_ms_per_step": {k: per_step_ms(v) for k, v in op_ps.items()},

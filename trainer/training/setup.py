@@ -102,20 +102,12 @@ def build(config: Config, task: Task, *, read_only: bool = False,
         seed=config.seed, model_dir=config.model_dir, is_chief=cluster.is_chief,
         num_workers=cluster.num_workers, num_replicas=cluster.num_replicas,
         per_replica_batch_size=per_replica, global_batch_size=global_batch))
-  with user_code("Task.train_data"):
-    train_value = task.train_data()
-  train_data = data.as_task_data(train_value, what="Task.train_data()")
-  with user_code("Task.eval_data"):
-    eval_value = task.eval_data()
-  eval_data = (None if eval_value is None else
-               data.as_task_data(eval_value, what="Task.eval_data()", finite=True))
+  train_data, eval_data = _task_data(task)
   if config.mode is None:  # The default: evaluate where the task can.
     config = config.replace(mode="train" if eval_data is None else "train_and_eval")
   if eval_data is None and config.mode != "train" and not loading:
     raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
                       "(Task.eval_data() returned None); use --mode=train")
-  if eval_data is not None:
-    _check_same_features(train_data, eval_data)
   for split in (train_data, eval_data):
     if split is not None and split.note:
       console.say(split.note)
@@ -139,6 +131,21 @@ def build(config: Config, task: Task, *, read_only: bool = False,
   return Built(config=config, task=task, cluster=cluster, train_data=train_data,
                eval_data=eval_data, prepared=prepared, trainer=trainer,
                checkpoints=checkpoints, console=console)
+
+
+def _task_data(task: Task):
+  """The task's (train, eval) data as TaskData (eval None where it has none), its
+  eval examples checked to look like its training ones."""
+  with user_code("Task.train_data"):
+    train_value = task.train_data()
+  train_data = data.as_task_data(train_value, what="Task.train_data()")
+  with user_code("Task.eval_data"):
+    eval_value = task.eval_data()
+  if eval_value is None:
+    return train_data, None
+  eval_data = data.as_task_data(eval_value, what="Task.eval_data()", finite=True)
+  _check_same_features(train_data, eval_data)
+  return train_data, eval_data
 
 
 def _check_same_features(train_data: data.TaskData, eval_data: data.TaskData):

@@ -103,31 +103,19 @@ class Trainer:
     Raises:
       TaskError: the task's model, loss or metrics do not fit the framework.
     """
-    previous_policy = keras.mixed_precision.global_policy()
-    if optimization.mixed_precision != "none":
-      keras.mixed_precision.set_global_policy(optimization.mixed_precision)
-    try:
-      with strategy.scope():
-        keras.utils.set_random_seed(seed)
-        model, objective, metric_names, reported = probe.model_and_objective(
-            task, train_data, min(per_replica_batch_size, 8),
-            class_weight=optimization.class_weights)
-        with user_code("Task.build_optimizer"):
-          own = task.build_optimizer()
-        optimizer = optimizers.build_optimizer(optimization, own)
-        optimizer.build(model.trainable_variables)
-        rule = optimizers.update_rule(optimization, model=model, optimizer=optimizer,
-                                      train_steps=train_steps,
-                                      keep_gradients=keep_gradients)
-        global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                  name="global_step",
-                                  aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        ledgers = [ledger.ReplicaLedger(num_replicas=strategy.num_replicas_in_sync,
-                                        name=name) for name in ("train", "eval")]
-        totals = [ledger.Totals("loss", "examples", "weight", *metric_names)
-                  for _ in "te"]
-    finally:
-      keras.mixed_precision.set_global_policy(previous_policy)
+    with _global_policy(optimization.mixed_precision), strategy.scope():
+      keras.utils.set_random_seed(seed)
+      model, objective, metric_names, reported = probe.model_and_objective(
+          task, train_data, min(per_replica_batch_size, 8),
+          class_weight=optimization.class_weights)
+      with user_code("Task.build_optimizer"):
+        own = task.build_optimizer()
+      optimizer = optimizers.build_optimizer(optimization, own)
+      optimizer.build(model.trainable_variables)
+      rule = optimizers.update_rule(optimization, model=model, optimizer=optimizer,
+                                    train_steps=train_steps,
+                                    keep_gradients=keep_gradients)
+      global_step, ledgers, totals = _counters(strategy, metric_names)
     gather_input = train_data.gather_input(
         strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,
         preprocess=task.preprocess) if gather else None
@@ -142,8 +130,7 @@ class Trainer:
         strategy=strategy, objective=objective, model=model, ledger=ledgers[1],
         totals=totals[1], per_replica_batch_size=per_replica_batch_size)
     return cls(task=task, objective=objective, strategy=strategy, cluster=cluster,
-               model=model,
-               optimizer=optimizer, global_step=global_step, rule=rule,
+               model=model, optimizer=optimizer, global_step=global_step, rule=rule,
                eval_with_ema=optimization.eval_with_ema, metric_names=metric_names,
                reported_metrics=reported,
                base_learning_rate=optimizers.learning_rate(optimizer),
@@ -341,3 +328,27 @@ def set_ledger_totals(trainer: Trainer, batches, examples):
       batches, np.int64)
   trainer.train_ledger.total_examples = zeros.copy() if examples is None else (
       np.array(examples, np.int64))
+
+
+@contextlib.contextmanager
+def _global_policy(name: str):
+  """Keras' global dtype policy set to `name` ("none": unchanged) while the model
+  and optimizer are built, then restored."""
+  previous = keras.mixed_precision.global_policy()
+  if name != "none":
+    keras.mixed_precision.set_global_policy(name)
+  try:
+    yield
+  finally:
+    keras.mixed_precision.set_global_policy(previous)
+
+
+def _counters(strategy, metric_names):
+  """The global step, and the train and eval ReplicaLedgers and Totals, built in
+  `strategy`'s scope."""
+  global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  ledgers = [ledger.ReplicaLedger(num_replicas=strategy.num_replicas_in_sync,
+                                  name=name) for name in ("train", "eval")]
+  totals = [ledger.Totals("loss", "examples", "weight", *metric_names) for _ in "te"]
+  return global_step, ledgers, totals
