@@ -27,6 +27,20 @@ Variants:
                  steps), the k_loop's step; needs `pip install --no-deps
                  tf-models-official==2.20.0 tf-keras==2.21.0`
   pipeline       the distributed input alone: next() K times per call, no model
+
+With --train_files (TFRecord shards of scripts/make_tfrecords.py), `trainer` reads
+them (--dataset=tfrecord: batched parsing) and `keras_fit_records` runs Keras fit
+on the usual per-record pipeline over the same files and parse function
+(TFRecordDataset -> map(parse, AUTOTUNE) -> shuffle -> batch -> prefetch).
+  trainer_tfdata   trainer on a task whose train_data() is an unbatched
+                   tf.data.Dataset of the same arrays
+  keras_fit_tfdata Keras fit on that dataset: shuffle -> batch -> prefetch
+  trainer_eval     trainer --mode=train_and_eval, an evaluation after every
+                   window: the evaluations' examples/s (warm) and the time they
+                   add; then --mode=eval on the run (one evaluation, tracing in)
+  keras_evaluate   Keras evaluate on the same eval split, model and strategy
+                   (batched as the trainer's global batch): warm examples/s, and
+                   the first call's (tracing in)
 """
 
 import argparse
@@ -42,7 +56,9 @@ import psutil
 from trainer import tf_loader
 
 VARIANTS = ("trainer", "trainer_quiet", "trainer_dataset", "seed_loop", "k_loop",
-            "k_loop_outside", "keras_fit", "single_device", "orbit", "pipeline")
+            "k_loop_outside", "keras_fit", "single_device", "orbit", "pipeline",
+            "keras_fit_records", "trainer_tfdata", "keras_fit_tfdata", "trainer_eval",
+            "keras_evaluate")
 
 
 def _since_process_start():
@@ -62,9 +78,13 @@ def variant_config(args, **overrides):
                 learning_rate=1e-3, seed=0, steps_per_loop=args.steps_per_loop,
                 mixed_precision=args.mixed_precision, jit_compile=args.jit_compile)
   values.update(overrides)
-  return config_lib.from_argv([
-      f"--dataset={args.dataset}", f"--model={args.model}",
-      "--synthetic_examples=4096", "--synthetic_shape=28,28,1"]).replace(**values)
+  data_flags = [f"--dataset={args.dataset}", "--synthetic_shape=28,28,1",
+                f"--synthetic_examples={getattr(args, 'synthetic_examples', 4096)}"]
+  if getattr(args, "train_files", None):
+    data_flags = ["--dataset=tfrecord", f"--train_files={args.train_files}",
+                  f"--eval_files={args.train_files.replace('train-', 'test-')}"]
+  return config_lib.from_argv([*data_flags, f"--model={args.model}"]).replace(
+      **values)
 
 
 def _windows(run_window, args):
@@ -98,6 +118,118 @@ def run_trainer(args, *, summaries, array_input="gather"):
           "timed_windows": results["timed_loop_calls"]}
 
 
+def _dataset_task_class():
+  """The classification task, its train_data() an unbatched tf.data.Dataset of
+  its arrays (a user's stream task)."""
+  tf = tf_loader.load_tensorflow()
+  from trainer.tasks.classification import Classification
+
+  class DatasetClassification(Classification):
+    """Classification whose training examples come as a tf.data.Dataset."""
+
+    def train_data(self):
+      return tf.data.Dataset.from_tensor_slices(super().train_data())
+
+  DatasetClassification.__module__ = Classification.__module__  # A task spec.
+  return DatasetClassification
+
+
+def run_trainer_tfdata(args):
+  import trainer
+  train_steps = (1 + args.warmup_windows + args.windows) * args.steps_per_loop
+  with tempfile.TemporaryDirectory() as model_dir:
+    config = variant_config(args, model_dir=model_dir, train_steps=train_steps,
+                            checkpoint_every=10**9, summaries=True)
+    task = _dataset_task_class()(**config.task_kwargs)
+    results = trainer.train(config, task=task)
+  return {"examples_per_second": results["examples_per_second_median"],
+          "time_to_first_call_s": results["time_to_first_step_s"]}
+
+
+def run_trainer_eval(args):
+  """Training with an evaluation after every window, then --mode=eval."""
+  import trainer
+  train_steps = (1 + args.warmup_windows + args.windows) * args.steps_per_loop
+  with tempfile.TemporaryDirectory() as model_dir:
+    config = variant_config(args, model_dir=model_dir, train_steps=train_steps,
+                            checkpoint_every=10**9, summaries=True,
+                            mode="train_and_eval", eval_every=args.steps_per_loop)
+    start = time.perf_counter()
+    results = trainer.train(config)
+    wall = time.perf_counter() - start
+    evaluated = trainer.train(config.replace(mode="eval"))
+  evaluations = train_steps // args.steps_per_loop
+  return {"examples_per_second": results["eval_examples_per_second"],
+          "eval_examples": results["eval"]["examples"],
+          "evaluations": evaluations,
+          "eval_seconds_each": results["eval_seconds"] / evaluations,
+          "eval_share_of_run": results["eval_seconds"] / wall,
+          "train_examples_per_second": results["examples_per_second_median"],
+          "eval_mode_examples_per_second": evaluated["eval_examples_per_second"],
+          "time_to_first_call_s": results["time_to_first_step_s"]}
+
+
+def _compiled_keras_model(config, task, strategy, steps_per_execution):
+  import keras
+  with strategy.scope():
+    keras.utils.set_random_seed(config.seed)
+    model = task.build_model()
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
+  return model
+
+
+def run_keras_evaluate(args):
+  tf = tf_loader.load_tensorflow()
+  config, strategy, task, _ = _setup(args)
+  model = _compiled_keras_model(config, task, strategy, args.steps_per_execution)
+  x, y = task.eval_data()
+  split = (tf.data.Dataset.from_tensor_slices((x, y)).batch(args.global_batch)
+           .map(lambda x, y: (task.preprocess(x), y), tf.data.AUTOTUNE)
+           .prefetch(tf.data.AUTOTUNE))
+  start = time.perf_counter()
+  model.evaluate(split, verbose=0)
+  first = time.perf_counter() - start
+  rates = []
+  for _ in range(args.windows):
+    start = time.perf_counter()
+    model.evaluate(split, verbose=0)
+    rates.append(len(x) / (time.perf_counter() - start))
+  return {"examples_per_second": statistics.median(rates), "windows": rates,
+          "eval_examples": len(x), "first_call_examples_per_second": len(x) / first,
+          "time_to_first_call_s": _since_process_start()}
+
+
+def _usual_records_pipeline(args, task, config):
+  """Keras' usual input over the trainer's TFRecord files: one record at a time
+  through the same parse function, then shuffle, batch and prefetch."""
+  tf = tf_loader.load_tensorflow()
+  from trainer.tasks import image_records
+  paths = sorted(tf.io.gfile.glob(args.train_files))
+  parse_batch = image_records.read_layout(paths, flag="--train_files").batch_parser(
+      task.source.num_classes)
+
+  def parse(record):
+    images, labels = parse_batch(tf.expand_dims(record, 0))
+    return task.preprocess(images[0]), labels[0]
+
+  return (tf.data.TFRecordDataset(paths, num_parallel_reads=tf.data.AUTOTUNE)
+          .map(parse, num_parallel_calls=tf.data.AUTOTUNE).repeat()
+          .shuffle(config.shuffle_buffer, seed=config.seed)
+          .batch(args.global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+
+
+def _usual_dataset_pipeline(args, task, config):
+  """Keras' usual input over the task's unbatched tf.data.Dataset."""
+  tf = tf_loader.load_tensorflow()
+  dataset = tf.data.Dataset.from_tensor_slices(task.train_data())
+  return (dataset.repeat().shuffle(config.shuffle_buffer, seed=config.seed)
+          .batch(args.global_batch, drop_remainder=True)
+          .map(lambda x, y: (task.preprocess(x), y), tf.data.AUTOTUNE)
+          .prefetch(tf.data.AUTOTUNE))
+
+
 def _setup(args, *, strategy_free=False):
   from trainer import data
   from trainer.distribute import devices
@@ -109,9 +241,11 @@ def _setup(args, *, strategy_free=False):
   task = Classification(**config.task_kwargs)
   task.prepare(RunContext(seed=config.seed))
   train = data.as_task_data(task.train_data(), what="train data")
-  dataset = train.train_dataset(
-      data.Order(seed=0, shuffle=True, global_batch_size=args.global_batch),
-      start_step=0, preprocess=task.preprocess)
+  dataset = None  # TFRecords: only keras_fit_records, on its own pipeline.
+  if hasattr(train, "train_dataset"):
+    dataset = train.train_dataset(
+        data.Order(seed=0, shuffle=True, global_batch_size=args.global_batch),
+        start_step=0, preprocess=task.preprocess)
   return config, strategy, task, dataset
 
 
@@ -242,9 +376,13 @@ def run_orbit(args):
           "time_to_first_call_s": ttfs}
 
 
-def run_keras_fit(args):
+def run_keras_fit(args, pipeline=None):
+  """Keras fit on the trainer's own tf.data pipeline, or on `pipeline(args, task,
+  config)`'s dataset."""
   import keras
   config, strategy, task, dataset = _setup(args)
+  if pipeline is not None:
+    dataset = pipeline(args, task, config)
   k, e = args.steps_per_loop, args.steps_per_execution
   if k % e:
     raise ValueError(f"--steps_per_execution={e} must divide --steps_per_loop={k}")
@@ -260,12 +398,7 @@ def run_keras_fit(args):
         if not first:
           first.append(_since_process_start())
 
-  with strategy.scope():
-    keras.utils.set_random_seed(config.seed)
-    model = task.build_model()
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], steps_per_execution=e)
+  model = _compiled_keras_model(config, task, strategy, e)
   windows = 1 + args.warmup_windows + args.windows
   model.fit(dataset, epochs=1, steps_per_epoch=windows * k, verbose=0,
             callbacks=[WindowTimer()])
@@ -310,6 +443,9 @@ def main():
                       help="trainer variants: total steps (default: the windows)")
   parser.add_argument("--mixed_precision", default="none")
   parser.add_argument("--jit_compile", action="store_true")
+  parser.add_argument("--synthetic_examples", type=int, default=4096)
+  parser.add_argument("--train_files", default="",
+                      help="TFRecord shards (train-*; test-* beside them)")
   args = parser.parse_args()
   args.global_batch = args.per_replica_batch_size * args.replicas
   tf_loader.load_tensorflow()
@@ -325,6 +461,11 @@ def main():
       "single_device": lambda: run_hand_loop(args, k_steps=True, strategy_free=True),
       "orbit": lambda: run_orbit(args),
       "pipeline": lambda: run_pipeline(args),
+      "keras_fit_records": lambda: run_keras_fit(args, _usual_records_pipeline),
+      "trainer_tfdata": lambda: run_trainer_tfdata(args),
+      "keras_fit_tfdata": lambda: run_keras_fit(args, _usual_dataset_pipeline),
+      "trainer_eval": lambda: run_trainer_eval(args),
+      "keras_evaluate": lambda: run_keras_evaluate(args),
   }
   try:
     result = runners[args.variant]()

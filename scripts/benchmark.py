@@ -3,6 +3,8 @@
 
   python scripts/benchmark.py --fast_paths         # every cell and variant (~20 min)
   python scripts/benchmark.py --quick --json=b.json
+  python scripts/benchmark.py --models=cnn --datasets=synthetic --replicas=2 \
+      --sections=streams,evaluation,startup,workers  # scripts/bench_sections.py
 
 Each variant runs in its own process (scripts/bench_variants.py) on the same model,
 strategy, replica count, global batch, data pipeline and step count. Examples/s is
@@ -25,7 +27,11 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import bench_sections  # noqa: E402 (beside this file)
+
 WORKER = os.path.join(REPO, "scripts", "bench_variants.py")
+# The grid's variants (--variants); bench_sections runs the others.
 VARIANTS = ("trainer", "trainer_quiet", "trainer_dataset", "seed_loop", "k_loop",
             "k_loop_outside", "keras_fit", "single_device", "orbit", "pipeline")
 # (name, variant, extra worker flags): each fast-path flag, on one configuration.
@@ -196,6 +202,8 @@ def render(report: dict) -> str:
            " repeat(s)", "",
            "| model | data | replicas | variant | examples/s | first call s | "
            "peak RSS MiB | note |", "|---|---|---|---|---|---|---|---|"]
+  if not report["configs"]:  # --variants= : the sections alone.
+    return "\n".join(lines[:2])
   for config in report["configs"]:
     for variant, r in config["variants"].items():
       lines.append(
@@ -250,13 +258,21 @@ def main(argv=None):
                       help="also benchmark the fast-path flags (cnn, 2 replicas)")
   parser.add_argument("--quick", action="store_true",
                       help="cnn, synthetic, 2 replicas, short windows: a smoke run")
+  parser.add_argument("--sections", default="",
+                      help="also: " + ",".join(bench_sections.SECTIONS) +
+                      " (scripts/bench_sections.py)")
   parser.add_argument("--timeout", type=int, default=600)
   parser.add_argument("--json", help="also write the report here")
   args = parser.parse_args(argv)
   if args.quick:
     args.models, args.datasets, args.replicas = "cnn", "synthetic", "2"
     args.steps_per_loop, args.windows, args.repeats = 5, 2, 1
-  variants = args.variants.split(",")
+  sections = [name for name in args.sections.split(",") if name]
+  unknown = sorted(set(sections) - set(bench_sections.SECTIONS))
+  if unknown:
+    parser.error(f"--sections: unknown {', '.join(unknown)}; use "
+                 f"{', '.join(bench_sections.SECTIONS)}")
+  variants = [name for name in args.variants.split(",") if name]  # "": no grid.
   if "orbit" in variants and importlib.util.find_spec("orbit") is None:
     variants.remove("orbit")  # Optional: its install line is in docs/performance.md.
     print(f"orbit: not installed, skipped ({ORBIT_INSTALL})", file=sys.stderr)
@@ -264,7 +280,7 @@ def main(argv=None):
   if unknown:
     parser.error(f"--variants: unknown {', '.join(unknown)}; use {', '.join(VARIANTS)}")
   report = {"machine": _machine(), "settings": vars(args), "configs": []}
-  for model in args.models.split(","):
+  for model in args.models.split(",") if variants else ():
     for dataset in args.datasets.split(","):
       for replicas in (int(r) for r in args.replicas.split(",")):
         report["configs"].append(benchmark_config(model, dataset, replicas, args,
@@ -272,7 +288,10 @@ def main(argv=None):
   report["quickstart"] = quickstart_time_to_first_step(args)
   if args.fast_paths:
     report["fast_paths"] = fast_paths(args)
-  text = render(report)
+  report["sections"] = bench_sections.run_sections(
+      sections, args=args, quickstart=lambda: quickstart_time_to_first_step(args),
+      run_variant=run_variant)
+  text = "\n".join([render(report), *bench_sections.render(report["sections"])])
   print(text)
   if args.json:
     with open(args.json, "w") as f:

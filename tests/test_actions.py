@@ -118,7 +118,8 @@ def test_evaluate_runs_on_its_schedule_keeps_the_best_and_stops_early():
   trainer_ = _fake_trainer(evaluate=lambda data: next(metrics))
   best = []
 
-  def record_eval(step, m):  # Results': whether --best_metric improved.
+  def record_eval(step, m, seconds):  # Results': whether --best_metric improved.
+    assert seconds >= 0
     improved = not best or m["loss"] < min(best)
     best.append(m["loss"])
     return improved

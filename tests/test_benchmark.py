@@ -93,3 +93,21 @@ def test_profile_steps_tabulates_where_a_step_goes(tmp_path):
     assert breakdown["op_ms_per_step"][part] > 0, part
   assert breakdown["host_ms_between_calls"] > 0
   assert "| cnn | digits | 2 | gather | " in result.stdout
+
+
+def test_sections_report_each_ratio_against_its_target():
+  import sys
+  sys.path.insert(0, os.path.join(REPO, "scripts"))
+  import bench_sections
+  lines = bench_sections.render({
+      "evaluation": {"variants": {"trainer_eval": {"examples_per_second": 300.0},
+                                  "keras_evaluate": {"error": "exit 1: boom"}},
+                     "ratios": {"eval / keras_evaluate": None, "eval / train": 1.2}},
+      "startup": {"import_tensorflow_s": 3.0, "quickstart": {
+          "time_to_first_step_s": 3.8, "peak_rss_mib": 700},
+                  "ratios": {"startup_minus_import_s": 0.8}}})
+  assert "| - | trainer_eval | 300 | - |  |" in lines
+  assert "| - | keras_evaluate | - | - | exit 1: boom |" in lines
+  assert "  eval / keras_evaluate = -" in lines  # A side failed: no ratio.
+  assert "  eval / train = 1.20 (target >= 1.5: not met)" in lines
+  assert "  startup_minus_import_s = 0.80 (target <= 1.0: met)" in lines

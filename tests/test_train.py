@@ -88,6 +88,8 @@ def test_eval_counts_every_example_once(tmp_path, replicas):
                   mode="train_and_eval", optimizer="sgd", summaries=True)
   assert results["eval"]["examples"] == 70
   assert results["best_eval"]["examples"] == 70
+  # What the evaluations took (2 and 4), and the latest one's rate.
+  assert results["eval_seconds"] > 0 and results["eval_examples_per_second"] > 0
   eval_scalars = read_scalars(str(tmp_path / "run" / "eval"))
   assert [s for s, _ in eval_scalars["accuracy"]] == [2, 4]
   # The padded, distributed eval equals a plain mean over exactly the 70 examples.

@@ -7,6 +7,7 @@ holds that evaluation (a resume neither repeats nor loses it) and its events are
 flushed with the checkpoint.
 """
 
+import time
 from typing import Optional
 
 import tensorflow as tf
@@ -67,10 +68,12 @@ class Evaluate(Action):
     trainer = self._trainer
     step = trainer.step
     # Named in a profile's trace: its host time is not the loop's.
+    start = time.perf_counter()
     with tf.profiler.experimental.Trace(profile.HOST_WORK[0]):
       metrics = trainer.evaluate(self._data)
+    seconds = time.perf_counter() - start
     self._latest = (step, metrics)
-    improved = self._results.record_eval(step, metrics)
+    improved = self._results.record_eval(step, metrics, seconds=seconds)
     self._summaries.scalars("eval", step, {k: v for k, v in metrics.items()
                                            if k != "examples"})
     self._console.report_eval(step, metrics)

@@ -5,6 +5,7 @@ import platform
 import resource
 import statistics
 import time
+from typing import Optional
 
 import psutil
 import tensorflow as tf
@@ -25,7 +26,7 @@ def seconds_since_process_start() -> float:
 # so a resume or a no-op rerun does not erase them.
 _MEASURED = ("train", "eval", "time_to_first_step_s", "steps_per_second",
              "examples_per_second", "examples_per_second_median", "timed_loop_calls",
-             "export_dir")
+             "export_dir", "eval_seconds", "eval_examples_per_second")
 
 
 class Results:
@@ -57,6 +58,7 @@ class Results:
     self.previous = previous if isinstance(previous, dict) else {}
     self.calls = 0
     self._intervals = []  # (steps, wall seconds) of each loop call after the first.
+    self._eval_seconds = 0.0
     self._last_call_end = None
     self.eval_step = None
     cluster = trainer.cluster
@@ -92,11 +94,18 @@ class Results:
     self._last_call_end = now
     self.data["train"] = dict(metrics, step=step)
 
-  def record_eval(self, step: int, metrics: dict) -> bool:
-    """Records an evaluation; returns whether --best_metric improved (it is then
-    the run's best_eval)."""
+  def record_eval(self, step: int, metrics: dict, *,
+                  seconds: Optional[float] = None) -> bool:
+    """Records an evaluation (that took `seconds`, if given: "eval_seconds" sums
+    this invocation's, "eval_examples_per_second" is the latest's rate); returns
+    whether --best_metric improved (it is then the run's best_eval)."""
     self.eval_step = step
     self.data["eval"] = dict(metrics, step=step)
+    if seconds is not None:
+      self._eval_seconds += seconds
+      self.data["eval_seconds"] = round(self._eval_seconds, 4)
+      self.data["eval_examples_per_second"] = metrics["examples"] / max(seconds,
+                                                                        1e-9)
     record = self._checkpoints.record
     best = record.best_eval
     value = metrics[self._best_name]

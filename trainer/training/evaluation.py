@@ -7,6 +7,7 @@ cannot write (another account's run): the evaluation is then printed only.
 """
 
 import os
+import time
 
 from trainer.config import Config
 from trainer.errors import ModelDirError, RunStatus
@@ -41,11 +42,14 @@ def evaluate_run(config: Config, task: Task = None) -> dict:
     if step is None:
       raise ModelDirError(f"--model_dir={config.model_dir}: no checkpoint to "
                           "evaluate")
+    start = time.perf_counter()
     metrics = built.trainer.evaluate(built.eval_data)
+    seconds = time.perf_counter() - start  # Its tracing included.
   finally:
     built.checkpoints.close()
   results = {"status": str(RunStatus.EVALUATED), "global_step": step,
-             "eval": metrics}
+             "eval": metrics, "eval_seconds": round(seconds, 4),
+             "eval_examples_per_second": metrics["examples"] / max(seconds, 1e-9)}
   console = built.console
   if built.cluster.is_chief:
     if os.access(config.model_dir, os.W_OK | os.X_OK):

@@ -1,0 +1,206 @@
+"""scripts/benchmark.py's sections beyond the variant grid (--sections=...).
+
+  streams     TFRecord files (digits as PNG: decode-bound; synthetic 28x28 float32
+              as raw bytes: model-bound) and an unbatched tf.data.Dataset task:
+              trainer against Keras fit on the usual pipeline, and against the
+              trainer on the same examples as in-memory arrays
+  evaluation  in-training evaluations and --mode=eval against Keras evaluate on the
+              same split, model and strategy; evaluation against training speed;
+              the time evaluations add to a run
+  startup     the quickstart's time to first step minus `import tensorflow` alone
+  workers     2 worker processes x 1 replica (gRPC collectives on 127.0.0.1)
+              against 1 process x 2 replicas, on the same global batch
+
+Each ratio is measured side by side in one invocation, every variant in its own
+process; nothing here is asserted by a test.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECTIONS = ("streams", "evaluation", "startup", "workers")
+# (ratio name, target): the performance issue's.
+TARGETS = {"trainer / keras_fit_records": 1.3, "trainer_tfdata / keras_fit_tfdata": 1.3,
+           "records / arrays": 0.9, "trainer_tfdata / arrays": 0.9,
+           "eval / keras_evaluate": 1.2, "eval_mode / keras_evaluate": 1.2,
+           "eval / train": 1.5, "startup_minus_import_s": 1.0}
+
+
+def _rate(result):
+  value = result.get("examples_per_second")
+  return value if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _ratio(top, bottom):
+  return round(top / bottom, 3) if top and bottom else None
+
+
+def _make_records(out, *flags):
+  subprocess.run([sys.executable, os.path.join(REPO, "scripts", "make_tfrecords.py"),
+                  f"--out={out}", *flags], check=True, capture_output=True)
+  return os.path.join(out, "train-*")
+
+
+def streams(run_variant, args, scratch) -> list:
+  """Per data set: trainer on TFRecords, Keras fit on the usual pipeline, trainer
+  on arrays; and (synthetic) the tf.data task against Keras fit on it."""
+  rows = []
+  # make_tfrecords.py writes synthetic's default 2,048 examples: the arrays too.
+  cases = (("digits", ["--dataset=digits", "--format=png", "--shards=8"]),
+           ("synthetic", ["--dataset=synthetic", "--format=raw", "--shards=8"]))
+  for dataset, flags in cases:
+    files = _make_records(os.path.join(scratch, dataset), *flags)
+    common = dict(model="cnn", dataset=dataset, replicas=2, args=args)
+    arrays = ["--synthetic_examples=2048"]
+    steps = [f"--steps_per_execution={args.steps_per_loop}"]
+    variants = {
+        "trainer (records)": run_variant("trainer", extra=[f"--train_files={files}"],
+                                         **common),
+        "keras_fit_records": run_variant(
+            "keras_fit_records", extra=[f"--train_files={files}", *steps], **common),
+        "trainer (arrays)": run_variant("trainer", extra=arrays, **common)}
+    if dataset == "synthetic":
+      variants["trainer_tfdata"] = run_variant("trainer_tfdata", extra=arrays,
+                                               **common)
+      variants["keras_fit_tfdata"] = run_variant("keras_fit_tfdata",
+                                                 extra=[*arrays, *steps], **common)
+    speed = {name: _rate(r) for name, r in variants.items()}
+    ratios = {"trainer / keras_fit_records": _ratio(speed["trainer (records)"],
+                                                    speed["keras_fit_records"]),
+              "records / arrays": _ratio(speed["trainer (records)"],
+                                         speed["trainer (arrays)"])}
+    if dataset == "synthetic":
+      ratios["trainer_tfdata / keras_fit_tfdata"] = _ratio(speed["trainer_tfdata"],
+                                                           speed["keras_fit_tfdata"])
+      ratios["trainer_tfdata / arrays"] = _ratio(speed["trainer_tfdata"],
+                                                 speed["trainer (arrays)"])
+    rows.append({"dataset": dataset, "variants": variants, "ratios": ratios})
+  return rows
+
+
+def evaluation(run_variant, args) -> dict:
+  """The trainer's evaluations against Keras evaluate (synthetic, 16,384 train and
+  2,048 eval examples, cnn, 2 replicas)."""
+  common = dict(model="cnn", dataset="synthetic", replicas=2, args=args,
+                extra=["--synthetic_examples=16384",
+                       f"--steps_per_execution={args.steps_per_loop}"])
+  ours, keras_ = run_variant("trainer_eval", **common), run_variant("keras_evaluate",
+                                                                   **common)
+  return {"variants": {"trainer_eval": ours, "keras_evaluate": keras_},
+          "ratios": {
+              "eval / keras_evaluate": _ratio(_rate(ours), _rate(keras_)),
+              "eval_mode / keras_evaluate": _ratio(
+                  ours.get("eval_mode_examples_per_second"),
+                  keras_.get("first_call_examples_per_second")),
+              "eval / train": _ratio(_rate(ours),
+                                     ours.get("train_examples_per_second")),
+              "eval_share_of_run": ours.get("eval_share_of_run")}}
+
+
+def startup(quickstart, repeats=3) -> dict:
+  """`import tensorflow` alone (median of `repeats` fresh processes) against the
+  quickstart's time to first step (`quickstart()`'s)."""
+  imports = []
+  for _ in range(repeats):
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True,
+                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True)
+    imports.append(time.monotonic() - start)
+  first = quickstart()
+  ttfs = first.get("time_to_first_step_s")
+  imported = statistics.median(imports)
+  return {"import_tensorflow_s": round(imported, 2), "quickstart": first,
+          "ratios": {"startup_minus_import_s": None if ttfs is None
+                     else round(ttfs - imported, 2)}}
+
+
+def workers(args, scratch) -> dict:
+  """`python -m trainer.main` as 2 workers x 1 replica against 1 process x 2
+  replicas: the same cnn, synthetic data, global batch and steps."""
+  steps = args.steps_per_loop * (2 + args.windows)
+  flags = ["--model=cnn", "--dataset=synthetic", "--synthetic_shape=28,28,1",
+           f"--per_replica_batch_size={args.per_replica_batch_size}",
+           f"--steps_per_loop={args.steps_per_loop}", f"--train_steps={steps}",
+           "--checkpoint_every=1000000", "--mode=train"]
+  one = os.path.join(scratch, "one_process")
+  two = os.path.join(scratch, "two_workers")
+  runs = {
+      "1 process x 2 replicas": ([sys.executable, "-m", "trainer.main", *flags,
+                                  "--cpu_devices=2", f"--model_dir={one}"], one),
+      "2 workers x 1 replica": ([sys.executable,
+                                 os.path.join(REPO, "scripts", "launch_workers.py"),
+                                 "--num_workers=2", "--", *flags, "--cpu_devices=1",
+                                 f"--model_dir={two}"], two)}
+  results = {}
+  for name, (command, model_dir) in runs.items():
+    process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                             timeout=args.timeout, check=False)
+    try:
+      with open(os.path.join(model_dir, "results.json")) as f:
+        data = json.load(f)
+      results[name] = {"examples_per_second": data["examples_per_second_median"],
+                       "time_to_first_call_s": data["time_to_first_step_s"]}
+    except (OSError, KeyError, ValueError):
+      tail = (process.stderr.strip().splitlines() or ["no output"])[-1]
+      results[name] = {"error": f"exit {process.returncode}: {tail[:300]}"}
+  speeds = [_rate(r) for r in results.values()]
+  return {"variants": results,
+          "ratios": {"2 workers / 1 process": _ratio(speeds[1], speeds[0])}}
+
+
+def run_sections(names, *, run_variant, quickstart, args) -> dict:
+  """The named sections' results (their variants and ratios)."""
+  out = {}
+  with tempfile.TemporaryDirectory() as scratch:
+    for name in names:
+      print(f"  section {name}", file=sys.stderr, flush=True)
+      if name == "streams":
+        out[name] = streams(run_variant, args, scratch)
+      elif name == "evaluation":
+        out[name] = evaluation(run_variant, args)
+      elif name == "startup":
+        out[name] = startup(quickstart)
+      elif name == "workers":
+        out[name] = workers(args, scratch)
+  return out
+
+
+def _fmt(value, spec=",.0f"):
+  return "-" if value is None else format(value, spec)
+
+
+def render(sections: dict) -> list:
+  """The sections' lines: a table of variants and each ratio with its target."""
+  lines = []
+  for name, section in sections.items():
+    groups = section if isinstance(section, list) else [section]
+    lines += ["", f"{name}:", "| data | variant | examples/s | first call s | note |",
+              "|---|---|---|---|---|"]
+    for group in groups:
+      for variant, r in group.get("variants", {}).items():
+        lines.append(f"| {group.get('dataset', '-')} | {variant} | "
+                     f"{_fmt(_rate(r))} | {_fmt(r.get('time_to_first_call_s'), '.1f')}"
+                     f" | {r.get('error', '')} |")
+    if name == "startup":
+      q = section["quickstart"]
+      lines.append(f"import tensorflow {section['import_tensorflow_s']} s; quickstart "
+                   f"first step {q.get('time_to_first_step_s')} s, peak RSS "
+                   f"{q.get('peak_rss_mib')} MiB")
+    for group in groups:
+      for ratio, value in group["ratios"].items():
+        target = TARGETS.get(ratio)
+        verdict = ""
+        if target is not None and value is not None:
+          met = value <= target if ratio.endswith("_s") else value >= target
+          verdict = f" (target {'<=' if ratio.endswith('_s') else '>='} {target}: " \
+                    f"{'met' if met else 'not met'})"
+        where = f"{group['dataset']}: " if "dataset" in group else ""
+        lines.append(f"  {where}{ratio} = {_fmt(value, '.2f')}{verdict}")
+  return lines
