@@ -10,6 +10,10 @@
   startup     the quickstart's time to first step minus `import tensorflow` alone
   workers     2 worker processes x 1 replica (gRPC collectives on 127.0.0.1)
               against 1 process x 2 replicas, on the same global batch
+  history     what the train loop's summary rows cost: the trainer with its
+              default points (about 100 per run: a row every 2 steps here)
+              against none inside calls (--summary_every above the run), on
+              the default run's digits and the cnn cell's synthetic data
 
 Each ratio is measured side by side in one invocation, every variant in its own
 process; nothing here is asserted by a test.
@@ -24,12 +28,13 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = ("streams", "evaluation", "startup", "workers")
+SECTIONS = ("streams", "evaluation", "startup", "workers", "history")
 # (ratio name, target): the performance issue's.
 TARGETS = {"trainer / keras_fit_records": 1.3, "trainer_tfdata / keras_fit_tfdata": 1.3,
            "records / arrays": 0.9, "trainer_tfdata / arrays": 0.9,
            "eval / keras_evaluate": 1.2, "eval_mode / keras_evaluate": 1.2,
-           "eval / train": 1.5, "startup_minus_import_s": 1.0}
+           "eval / train": 1.5, "startup_minus_import_s": 1.0,
+           "rows / no rows": 0.98}
 
 
 def _rate(result):
@@ -92,14 +97,16 @@ def evaluation(run_variant, args) -> dict:
                        f"--steps_per_execution={args.steps_per_loop}"])
   ours, keras_ = run_variant("trainer_eval", **common), run_variant("keras_evaluate",
                                                                    **common)
-  return {"variants": {"trainer_eval": ours, "keras_evaluate": keras_},
+  # Training alone: trainer_eval's own training rate counts its evaluations.
+  train = run_variant("trainer", **common)
+  return {"variants": {"trainer_eval": ours, "keras_evaluate": keras_,
+                       "trainer (training alone)": train},
           "ratios": {
               "eval / keras_evaluate": _ratio(_rate(ours), _rate(keras_)),
               "eval_mode / keras_evaluate": _ratio(
                   ours.get("eval_mode_examples_per_second"),
                   keras_.get("first_call_examples_per_second")),
-              "eval / train": _ratio(_rate(ours),
-                                     ours.get("train_examples_per_second")),
+              "eval / train": _ratio(_rate(ours), _rate(train)),
               "eval_share_of_run": ours.get("eval_share_of_run")}}
 
 
@@ -155,6 +162,27 @@ def workers(args, scratch) -> dict:
           "ratios": {"2 workers / 1 process": _ratio(speeds[1], speeds[0])}}
 
 
+def history(run_variant, args) -> list:
+  """The trainer with and without summary rows inside its calls, interleaved
+  over --repeats (at least 3), the median of each."""
+  rows = []
+  for dataset in ("digits", "synthetic"):
+    runs = {"rows": [], "no rows": []}
+    for _ in range(max(3, args.repeats)):
+      for name, every in (("rows", 0), ("no rows", 10**9)):
+        runs[name].append(run_variant("trainer", model="cnn", dataset=dataset,
+                                      replicas=2, args=args,
+                                      extra=[f"--summary_every={every}"]))
+    variants = {}
+    for name, results in runs.items():
+      speeds = [_rate(r) for r in results if _rate(r)]
+      variants[name] = dict(results[-1], examples_per_second=statistics.median(
+          speeds) if speeds else None, repeats=[round(v) for v in speeds])
+    rows.append({"dataset": dataset, "variants": variants, "ratios": {
+        "rows / no rows": _ratio(_rate(variants["rows"]), _rate(variants["no rows"]))}})
+  return rows
+
+
 def run_sections(names, *, run_variant, quickstart, args) -> dict:
   """The named sections' results (their variants and ratios)."""
   out = {}
@@ -169,6 +197,8 @@ def run_sections(names, *, run_variant, quickstart, args) -> dict:
         out[name] = startup(quickstart)
       elif name == "workers":
         out[name] = workers(args, scratch)
+      elif name == "history":
+        out[name] = history(run_variant, args)
   return out
 
 

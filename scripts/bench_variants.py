@@ -76,7 +76,8 @@ def variant_config(args, **overrides):
   values = dict(cpu_devices=args.replicas,
                 per_replica_batch_size=args.per_replica_batch_size, optimizer="adam",
                 learning_rate=1e-3, seed=0, steps_per_loop=args.steps_per_loop,
-                mixed_precision=args.mixed_precision, jit_compile=args.jit_compile)
+                mixed_precision=args.mixed_precision, jit_compile=args.jit_compile,
+                summary_every=getattr(args, "summary_every", 0))
   values.update(overrides)
   data_flags = [f"--dataset={args.dataset}", "--synthetic_shape=28,28,1",
                 f"--synthetic_examples={getattr(args, 'synthetic_examples', 4096)}"]
@@ -444,6 +445,8 @@ def main():
   parser.add_argument("--mixed_precision", default="none")
   parser.add_argument("--jit_compile", action="store_true")
   parser.add_argument("--synthetic_examples", type=int, default=4096)
+  parser.add_argument("--summary_every", type=int, default=0,
+                      help="trainer variants: steps between summary points")
   parser.add_argument("--train_files", default="",
                       help="TFRecord shards (train-*; test-* beside them)")
   args = parser.parse_args()
