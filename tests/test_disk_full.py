@@ -3,12 +3,17 @@ one line naming the file, exit 9, every earlier checkpoint kept, and a rerun onc
 there is space resumes bit-exactly. On a real tmpfs of a few MB, which needs the
 right to mount one (root, as in CI): skipped where there is none."""
 
+import errno
 import os
 import subprocess
 
 import pytest
+import tensorflow as tf
 
 from conftest import assert_bit_identical, one_line_error, read_results, run_cold
+from presets import FAST, train
+from trainer.errors import ExitCode, NoSpaceError
+from trainer.outputs import run_dir
 
 ARGS = ["--model=mlp", "--checkpoint_every=20", "--deterministic"]
 
@@ -65,3 +70,53 @@ def test_a_disk_too_full_for_flags_txt_is_one_line(small_disk):
   full = run_cold(*ARGS, "--train_steps=20", f"--model_dir={run}")
   one_line_error(full, "no space left on device", code=9)
   assert "Traceback" not in full.stderr
+
+
+# Without a small disk: a full disk faked where the file is written.
+def _enospc(path):
+  return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
+def _checkpoint_steps(model_dir):
+  return sorted(int(name[len("ckpt-"):-len(".index")]) for name in os.listdir(
+      os.path.join(model_dir, "checkpoints")) if name.endswith(".index"))
+
+
+def test_a_full_disk_at_results_json_is_one_line_and_a_rerun_finishes(model_dir,
+                                                                      monkeypatch):
+  write_json = run_dir.write_json
+
+  def full_at_results(path, data):
+    if os.path.basename(path) == run_dir.RESULTS_FILE:
+      raise _enospc(path)
+    return write_json(path, data)
+
+  monkeypatch.setattr(run_dir, "write_json", full_at_results)
+  with pytest.raises(NoSpaceError) as raised:
+    train(*FAST, model_dir=model_dir, train_steps=20, checkpoint_every=10)
+  assert str(raised.value).startswith(
+      f"{model_dir}/results.json: no space left on device; every checkpoint")
+  assert raised.value.exit_code == ExitCode.NO_SPACE
+  assert _checkpoint_steps(model_dir)  # Those saved before it are kept.
+  monkeypatch.undo()
+  results = train(*FAST, model_dir=model_dir, train_steps=20, checkpoint_every=10)
+  assert results["status"] == "completed" and results["global_step"] == 20
+
+
+def test_a_full_disk_during_the_export_is_a_full_disk_not_a_failed_export(
+    model_dir, monkeypatch):
+  save = tf.saved_model.save
+
+  def full_disk(module, export_dir, **kwargs):
+    raise _enospc(os.path.join(export_dir, "variables"))
+
+  monkeypatch.setattr(tf.saved_model, "save", full_disk)
+  with pytest.raises(NoSpaceError) as raised:
+    train(*FAST, model_dir=model_dir, train_steps=20, checkpoint_every=10)
+  assert "export" in str(raised.value) and "no space left on device" in str(
+      raised.value)
+  assert 20 in _checkpoint_steps(model_dir)
+  monkeypatch.setattr(tf.saved_model, "save", save)
+  results = train(*FAST, model_dir=model_dir, train_steps=20, checkpoint_every=10)
+  assert results["status"] == "completed"
+  assert os.path.isdir(os.path.join(model_dir, "export"))
