@@ -99,6 +99,13 @@ def run_cold(*args, env=None, cwd=None, timeout=240):
                         text=True, timeout=timeout, check=False)
 
 
+def run_replay(*args, timeout=240):
+  """Runs `python -m trainer.replay ARGS` as a new Python process."""
+  return subprocess.run([sys.executable, "-m", "trainer.replay", *args], cwd=REPO,
+                        env=cli_env(), capture_output=True, text=True,
+                        timeout=timeout, check=False)
+
+
 def checkpoint_values(checkpoint_dir):
   """{variable key: numpy value} of the latest checkpoint in a directory."""
   reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(checkpoint_dir))

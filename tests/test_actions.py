@@ -76,7 +76,7 @@ def test_report_writes_a_point_per_history_row_and_the_calls_line():
   # A call of steps 1 to 5 with rows at steps 2 and 4: running sums.
   history = np.array([[2, 3.0, 16, 16, 2, 2, 0.1, 1.5, 0],
                       [4, 5.0, 32, 32, 4, 4, 0.1, 1.2, 0]])
-  report(_call(5, history=history))
+  report(_call(5, history=history, loss=6.0, examples=40.0, weight=40.0))
   layout, first, second = summaries.calls
   assert layout[0] == "layout" and "ledger" in layout[1][1]  # The first call's.
   (_, (split, step, values), _) = first
@@ -92,13 +92,17 @@ def test_report_writes_a_point_per_history_row_and_the_calls_line():
   [(name, args, kwargs)] = console.calls
   assert (name, args[0], kwargs["compiled_seconds"]) == ("report", 5, 0.5)
   assert results.calls[0][0] == "record_train_call"
-  # A later call's points have its rate: 5 steps in 0.5 s, 8 examples a step.
+  # A later call's points have its rate (5 steps in 0.5 s), and its first point
+  # takes in step 5, which came after the previous call's last row (loss 1.0, 8
+  # examples): steps 5 to 10.
   summaries.calls.clear()
   history = np.array([[10, 4.0, 40, 40, 5, 5, 0.1, 1.0, 0]])
-  report(dataclasses.replace(_call(10, history=history), index=2))
+  report(dataclasses.replace(_call(10, history=history, loss=4.0, examples=40.0,
+                                   weight=40.0), index=2))
   [(_, (_, step, values), _)] = summaries.calls
   assert step == 10 and values["steps_per_second"] == 10.0
-  assert values["examples_per_second"] == 80.0 and values["loss"] == 0.8
+  assert values["loss"] == pytest.approx(5.0 / 6)
+  assert values["examples_per_second"] == pytest.approx(48 / 6 * 10.0)
 
 
 def test_checkpoint_saves_on_its_schedule_and_at_the_end():

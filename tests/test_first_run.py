@@ -27,7 +27,7 @@ def test_the_default_run_evaluates_and_ends_saying_where_everything_is(tmp_path)
   assert lines[-4] == (f"completed at step 20: eval loss {evaluated['loss']:.4f}  "
                        f"accuracy {evaluated['accuracy']:.4f}")
   assert lines[-3] == f"run directory: {where}"
-  assert lines[-2] == (f"look further: tensorboard --logdir {where} | python -m "
+  assert lines[-2] == (f"look further: tensorboard --logdir {where}, or python -m "
                        f"trainer.inspect {where}")
   assert lines[-1] == (f"the model: trainer.load({where!r}) in Python, or the "
                        f"SavedModel in {where}/export")

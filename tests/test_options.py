@@ -14,7 +14,7 @@ from trainer.errors import ConfigError
 from trainer.training import schedules
 
 from conftest import (assert_bit_identical, checkpoint_values, read_results,
-                       read_scalars, run_cli)
+                       read_scalars, run_cli, run_replay)
 from presets import MLP_SGD, train
 
 SGD = (*MLP_SGD, "--learning_rate=0.1", "--per_replica_batch_size=8",
@@ -317,6 +317,16 @@ def test_reduce_lr_on_plateau_lowers_the_rate_and_resumes_exactly(tmp_path):
   assert resumed.returncode == 0 and "resuming at step 15" in resumed.stdout
   assert "0.1 -> 0.05" not in resumed.stdout  # Not again: the record kept it.
   assert_bit_identical(straight, split)
+  # Each reduction was checkpointed, so a replay of step 30 from ckpt-25 trains
+  # steps 26 to 29 at the lowered rate, as the run did: the same gradient norm.
+  steps = sorted(int(p.split("ckpt-")[1].split(".")[0]) for p in glob.glob(
+      os.path.join(straight, "checkpoints", "ckpt-*.index")))
+  assert steps[-2:] == [25, 30]
+  replayed = run_replay(f"--model_dir={straight}", "--step=30")
+  assert replayed.returncode == 0 and "replayed from ckpt-25" in replayed.stdout
+  logged = dict(read_scalars(os.path.join(straight, "train"))["gradient_norm"])[30]
+  norm = float(replayed.stdout.split("  gradient norm ")[1].split()[0])
+  assert np.float32(norm) == np.float32(logged)
 
 
 # 11. Time budget.

@@ -4,13 +4,11 @@ numbers bit for bit (under --deterministic)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO, cli_env, read_results, run_cli
+from conftest import read_results, run_cli, run_replay
 from trainer.tasks.regression import load_diabetes
 from trainer.training.divergence import format_report
 
@@ -21,10 +19,7 @@ DIVERGING = ["--task=regression", "--optimizer=sgd", "--learning_rate=30",
              "--deterministic"]
 
 
-def replay(*args):
-  return subprocess.run([sys.executable, "-m", "trainer.replay", *args], cwd=REPO,
-                        env=cli_env(), capture_output=True, text=True, timeout=240,
-                        check=False)
+replay = run_replay
 
 
 @pytest.fixture(scope="module")

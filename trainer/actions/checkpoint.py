@@ -14,6 +14,12 @@ class Checkpoint(Action):
     self._summaries = summaries
     self._every = every
     self._train_steps = train_steps
+    self._requested = False
+
+  def request(self):
+    """Saves after this loop call too (an action that changed the run's state
+    between scheduled checkpoints, so a replay restores it)."""
+    self._requested = True
 
   def next_stop(self, step):
     return next_multiple(step, self._every)
@@ -25,5 +31,6 @@ class Checkpoint(Action):
       self._summaries.flush()  # Events on disk reach at least the checkpoint's step.
 
   def __call__(self, call: LoopCall):
-    if due(call.step, self._every) or call.step >= self._train_steps:
+    if self._requested or due(call.step, self._every) or call.step >= self._train_steps:
+      self._requested = False
       self.save()

@@ -11,11 +11,13 @@ from trainer.actions.base import Action, LoopCall
 class ReduceOnPlateau(Action):
   """Lowers the learning rate when evaluations stall."""
 
-  def __init__(self, *, evaluate, checkpoints, nan_policy, console, patience: int,
-               factor: float, min_rate: float, base_rate, metric: str):
+  def __init__(self, *, evaluate, checkpoints, checkpoint, nan_policy, console,
+               patience: int, factor: float, min_rate: float, base_rate, metric: str):
     """Args:
       evaluate: the Evaluate action (which evaluation ran at a step).
       checkpoints: the run's Checkpoints (its record keeps the factor).
+      checkpoint: the Checkpoint action, asked to save at a reduction's step, so
+        a replay from a checkpoint trains at the rate the run did.
       nan_policy: the NanPolicy, which sets the rate (rollbacks halve it too).
       console: the run's output channel.
       patience: --reduce_lr_patience (0: off).
@@ -27,11 +29,12 @@ class ReduceOnPlateau(Action):
     """
     self._evaluate = evaluate
     self._checkpoints = checkpoints
+    self._checkpoint = checkpoint
     self._nan_policy = nan_policy
     self._console = console
     self._patience = patience if base_rate is not None else 0
     self._factor = factor
-    self._floor = min_rate / base_rate if base_rate else 0.0
+    self._min_rate = min_rate
     self._metric = metric
 
   def __call__(self, call: LoopCall):
@@ -42,9 +45,16 @@ class ReduceOnPlateau(Action):
     if not stalled or stalled % self._patience:
       return None
     before = self._nan_policy.learning_rate
-    record.lr_plateau_factor = max(record.lr_plateau_factor * self._factor,
-                                   self._floor)
+    # The peak rate never goes below --min_learning_rate (whatever rollbacks left),
+    # and a reduction never raises it (a rate already below the floor stays).
+    lowest = record.lr_plateau_factor * self._min_rate / before if before else 0.0
+    factor = min(record.lr_plateau_factor,
+                 max(record.lr_plateau_factor * self._factor, lowest))
+    if factor == record.lr_plateau_factor:
+      return None  # At the floor: nothing changes, nothing to say.
+    record.lr_plateau_factor = factor
     self._nan_policy.apply_learning_rate()
+    self._checkpoint.request()
     self._console.say(f"{stalled} evaluations without {self._metric} improving: "
                       f"learning rate {before:g} -> "
                       f"{self._nan_policy.learning_rate:g} at step {call.step}")

@@ -26,6 +26,9 @@ class Report(Action):
     self._summaries = summaries
     self._console = console
     self._clip_norm = clip_norm
+    # (step the previous call ended at, {sum column: minus its sums after its last
+    # row}): the next call's first point takes in those steps too.
+    self._carry = (None, {})
 
   def __call__(self, call: LoopCall):
     trainer = self._trainer
@@ -49,8 +52,11 @@ class Report(Action):
     columns = trainer.history_columns
     outputs = call.outputs
     replicas = trainer.train_ledger.total_batches - outputs["ledger_batches"]
+    start = call.step - call.num_steps
     previous = dict.fromkeys(columns, 0.0)
-    previous.update(step=call.step - call.num_steps)
+    previous.update(step=start)
+    if self._carry[0] == start:  # Not after a rollback, nor in a new process.
+      previous.update(self._carry[1])
     # Rates are the call's: a timestamp op in the loop would break
     # --deterministic, and the steps of one call run at one pace. The first call
     # of a process traced the loop: its rate is compilation's, and left out.
@@ -58,8 +64,12 @@ class Report(Action):
     for values in outputs["history"]:
       row = dict(zip(columns, values.tolist()))
       self._summaries.scalars("train", int(row["step"]),
-                              self._point(previous, row, replicas, steps_per_second))
+                              self._point(previous, row, outputs, replicas,
+                                          steps_per_second))
       previous = row
+    sums = ("loss", "examples", "weight", "clipped", *trainer.metric_names)
+    self._carry = (call.step, dict(step=previous["step"], **{
+        name: previous[name] - float(outputs[name]) for name in sums}))
     at_end = {name: value for name, value in call.metrics.items()
               if isinstance(value, list) or name in trainer.objective.streaming}
     if at_end and previous["step"] != call.step:
@@ -68,7 +78,7 @@ class Report(Action):
       self._summaries.scalars("train", call.step, {
           name: value for name, value in at_end.items() if isinstance(value, list)})
 
-  def _point(self, previous: dict, row: dict, replicas_before,
+  def _point(self, previous: dict, row: dict, outputs: dict, replicas_before,
              steps_per_second) -> dict:
     """The scalars of the steps from the previous row (or the call's start) to
     `row`: means over those steps, the ledger so far, and the call's rate (unless
@@ -81,8 +91,12 @@ class Report(Action):
     means.update({name: sums[name] / sums["weight"] if sums["weight"] else 0.0
                   for name in trainer.metric_names})
     examples = row["examples"] - previous["examples"]
-    # A streaming metric's point: its result over the call so far.
-    streaming = {name: row[name] for name in trainer.objective.scalar_streaming}
+    # A streaming metric's point: its result over the call so far (a matrix
+    # one's, which rows do not hold, over the whole call).
+    streaming = {name: np.asarray(outputs[name])
+                 for name in trainer.objective.streaming}
+    streaming.update({name: row[name]
+                      for name in trainer.objective.scalar_streaming})
     values = dict(trainer.objective.report(means, sums=sums, examples=int(examples),
                                            streaming=streaming),
                   learning_rate=row["learning_rate"],

@@ -263,7 +263,7 @@ class LoopConfig:
                                   "--best_metric by --early_stopping_min_delta, as "
                                   "Keras' ReduceLROnPlateau (0 = off).", lower=0)
   reduce_lr_factor: float = field(0.1, "The factor of --reduce_lr_patience (the "
-                                  "rate stays >= --min_learning_rate).",
+                                  "peak rate stays >= --min_learning_rate).",
                                   lower=0.0, upper=1.0)
   checkpoint_every: int = field(100, "Save a checkpoint every N steps (and at the "
                                 "end).", lower=1, upper=MAX_STEPS)

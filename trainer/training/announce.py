@@ -70,7 +70,9 @@ def notes(config, *, built, restored, previous: RunRecord) -> list:
                  "ignored: the task's optimizer has its own learning-rate schedule")
   if config.eval_every and config.mode == "train":
     lines.append(f"note: --eval_every={config.eval_every} is ignored with "
-                 "--mode=train: use --mode=train_and_eval to evaluate")
+                 "--mode=train" + (": use --mode=train_and_eval to evaluate"
+                                   if built.eval_data is not None else
+                                   f" (task {config.task} has no eval data)"))
   return lines
 
 
@@ -82,7 +84,7 @@ def closing_lines(data: dict, *, model_dir: str, best_metric: str) -> list:
     completed at step 300: eval loss 0.2131  accuracy 0.9388 (best accuracy
       0.9444 at step 250)
     run directory: /home/me/trainer/runs/q1
-    look further: tensorboard --logdir /home/me/trainer/runs/q1 | python -m
+    look further: tensorboard --logdir /home/me/trainer/runs/q1, or python -m
       trainer.inspect /home/me/trainer/runs/q1
     the model: trainer.load("/home/me/trainer/runs/q1") in Python, or the
       SavedModel in /home/me/trainer/runs/q1/export
@@ -93,12 +95,15 @@ def closing_lines(data: dict, *, model_dir: str, best_metric: str) -> list:
   line = f"{data['status']} at step {data['global_step']}"
   if measured:
     line += f": {split} {format_metrics(measured)}"
+    at = (data.get(split) or {}).get("step")
+    if split == "eval" and at is not None and at != data["global_step"]:
+      line += f" (evaluated at step {at})"  # E.g. interrupted after it.
   best, name = data.get("best_eval"), best_metric.split("/", 1)[-1]
   if best and name in best and best.get("step") != data["global_step"]:
     line += f" (best {name} {best[name]:.4f} at step {best['step']})"
   export = data.get("export_dir")
   return [line, f"run directory: {where}",
-          f"look further: tensorboard --logdir {where} | python -m trainer.inspect "
-          f"{where}",
+          f"look further: tensorboard --logdir {where}, or python -m "
+          f"trainer.inspect {where}",
           f"the model: trainer.load({where!r}) in Python"
           + (f", or the SavedModel in {os.path.abspath(export)}" if export else "")]

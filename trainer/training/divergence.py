@@ -83,7 +83,7 @@ def _report(trainer, train_data, *, model_dir: str, step: int,
 
 
 def replay_to(trainer, train_data, checkpoints, *, model_dir: str, step: int,
-              stop_at_nonfinite: bool, on_step=None):
+              stop_at_nonfinite: bool, on_step=None, rollback_multiplier=None):
   """Restores the newest checkpoint before `step` and replays up to it.
 
   Args:
@@ -94,6 +94,9 @@ def replay_to(trainer, train_data, checkpoints, *, model_dir: str, step: int,
     step: the step to report (the update to global step `step`).
     stop_at_nonfinite: report the first non-finite step before `step` instead.
     on_step: called with no arguments after each replayed step, or None.
+    rollback_multiplier: where given (a replay in a new process), the rate is set
+      to the flag's times it times the restored checkpoint's plateau factor;
+      else (inside the run) the rate is the one the run trains at.
 
   Returns:
     (the report dict, the outputs of the reported step: gradients included).
@@ -105,6 +108,11 @@ def replay_to(trainer, train_data, checkpoints, *, model_dir: str, step: int,
   if checkpoint_step is None:
     raise ModelDirError(f"--model_dir={model_dir}: no checkpoint before step {step} "
                         "to replay from")
+  if rollback_multiplier is not None and trainer.base_learning_rate is not None:
+    # A plateau's reduction is checkpointed where it happens (ReduceOnPlateau),
+    # so the restored factor holds up to `step`.
+    trainer.set_peak_rate(trainer.base_learning_rate * rollback_multiplier *
+                          checkpoints.record.lr_plateau_factor)
   iterator = trainer.train_iterator(train_data)
   for current in range(checkpoint_step + 1, step + 1):
     outputs = {k: (v.numpy() if hasattr(v, "numpy") else [t.numpy() for t in v])
@@ -228,12 +236,11 @@ def replay_run(model_dir: str, step: int, *, dump: str = None,
   # The rate the run trained with after its last --on_nan=rollback (steps before
   # that rollback's checkpoint were trained at a higher one and discarded).
   _, multiplier = saved_rollbacks(model_dir)
-  if multiplier != 1.0 and trainer.base_learning_rate is not None:
-    trainer.set_peak_rate(trainer.base_learning_rate * multiplier)
   try:
     report, outputs = replay_to(trainer, built.train_data, built.checkpoints,
                                 model_dir=model_dir, step=step,
-                                stop_at_nonfinite=False)
+                                stop_at_nonfinite=False,
+                                rollback_multiplier=multiplier)
     if dump:
       dump_step(trainer, built.train_data, step=step, outputs=outputs, path=dump)
   finally:

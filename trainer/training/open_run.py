@@ -83,7 +83,10 @@ def open_run(model_dir: str, *, invocation: config_lib.Config = None,
   config = run_config(model_dir)
   devices = {name: getattr(invocation, name) for name in DEVICE_FIELDS} if (
       invocation is not None) else {}
-  config = config.replace(model_dir=model_dir, mode=mode, **devices, **changes)
+  # What only a training run acts on (its evaluations' patience) is off here: a
+  # run opened to evaluate or replay neither evaluates on a schedule nor stops.
+  config = config.replace(model_dir=model_dir, mode=mode, early_stopping_patience=0,
+                          reduce_lr_patience=0, **devices, **changes)
   config, task = setup.resolve_task(config, task)
   return setup.build(config, task, read_only=True, loading=loading)
 

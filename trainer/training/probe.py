@@ -2,6 +2,8 @@
 before the first step: what a task gets wrong is one line naming the method,
 not an error deep inside a traced step."""
 
+import re
+
 import keras
 import tensorflow as tf
 
@@ -13,7 +15,11 @@ from trainer.tasks.base import METRIC_NAME
 from trainer.training import objective as objectives
 from trainer.training.steps import float32_outputs
 
-RESERVED = ("loss", "examples", "weight")  # Totals every run keeps.
+# Totals every run keeps, and the other columns of the train loop's summary rows
+# (TrainLoop.history_columns, with replica_0, replica_1, ...).
+RESERVED = ("loss", "examples", "weight", "step", "learning_rate", "gradient_norm",
+            "clipped")
+_LEDGER_COLUMN = re.compile(r"^replica_\d+$")
 
 
 def model_and_objective(task: Task, train_data: TaskData, size: int, *,
@@ -87,9 +93,11 @@ def _task_metrics(task: Task, labels, outputs) -> dict:
     raise TaskError(f"Task.metrics() must return a dict of per-example values, got "
                     f"{type(metrics).__name__}")
   for name in metrics:
-    if not isinstance(name, str) or name in RESERVED or not METRIC_NAME.match(name):
+    if (not isinstance(name, str) or name in RESERVED or _LEDGER_COLUMN.match(name)
+        or not METRIC_NAME.match(name)):
       raise TaskError(f"Task.metrics(): {name!r} cannot be a metric name (use "
-                      f"letters, digits, _ . -; not {', '.join(RESERVED)})")
+                      f"letters, digits, _ . -; not {', '.join(RESERVED)} or "
+                      "replica_N)")
   return metrics
 
 

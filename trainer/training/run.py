@@ -206,6 +206,7 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                    every=config.histogram_every),
         profiler, evaluate,
         ReduceOnPlateau(evaluate=evaluate, checkpoints=checkpoints,
+                        checkpoint=checkpoint,
                         nan_policy=nan_policy, console=console,
                         patience=config.reduce_lr_patience,
                         factor=config.reduce_lr_factor,

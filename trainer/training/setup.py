@@ -104,6 +104,8 @@ def build(config: Config, task: Task, *, read_only: bool = False,
         per_replica_batch_size=per_replica, global_batch_size=global_batch))
   train_data, eval_data = _task_data(task)
   if config.mode is None:  # The default: evaluate where the task can.
+    if eval_data is None and not loading:
+      _refuse_evaluation_flags(config)
     config = config.replace(mode="train" if eval_data is None else "train_and_eval")
   if eval_data is None and config.mode != "train" and not loading:
     raise ConfigError(f"--mode={config.mode}: task {config.task} has no eval data "
@@ -131,6 +133,16 @@ def build(config: Config, task: Task, *, read_only: bool = False,
   return Built(config=config, task=task, cluster=cluster, train_data=train_data,
                eval_data=eval_data, prepared=prepared, trainer=trainer,
                checkpoints=checkpoints, console=console)
+
+
+def _refuse_evaluation_flags(config: Config):
+  """Raises ConfigError if a flag that needs evaluations is set for a task
+  without eval data (its default --mode is then train)."""
+  for name in ("early_stopping_patience", "reduce_lr_patience"):
+    if getattr(config, name):
+      raise ConfigError(f"--{name}={getattr(config, name)}: needs evaluations, but "
+                        f"task {config.task} has no eval data (Task.eval_data() "
+                        "returned None)")
 
 
 def _task_data(task: Task):
