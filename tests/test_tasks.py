@@ -2,6 +2,7 @@
 task, tf.data tasks, and every guarantee held for a task that is not the default."""
 
 import os
+import types
 
 import numpy as np
 import pytest
@@ -251,3 +252,12 @@ def test_a_tasks_optimizer_is_named_and_flags_txt_claims_no_rate_it_ignores(tmp_
                   python_path=TESTS)
   assert rerun.returncode == 0 and "resuming at step 10" in rerun.stdout, (
       rerun.stdout + rerun.stderr)
+
+
+@pytest.mark.parametrize("name", ["step", "gradient_norm", "replica_3", "loss"])
+def test_a_metric_named_as_a_summary_column_is_refused(name):
+  from trainer.errors import TaskError
+  from trainer.training import probe
+  task = types.SimpleNamespace(metrics=lambda labels, outputs: {name: outputs})
+  with pytest.raises(TaskError, match=f"'{name}' cannot be a metric name"):
+    probe._task_metrics(task, None, tf.zeros([2]))
