@@ -37,12 +37,14 @@ TARGETS = {"trainer / keras_fit_records": 1.3, "trainer_tfdata / keras_fit_tfdat
            "rows / no rows": 0.98}
 
 
-def _rate(result):
+def rate(result):
+  """A variant's examples/s, or None (it failed or measured nothing)."""
   value = result.get("examples_per_second")
   return value if isinstance(value, (int, float)) and value > 0 else None
 
 
-def _ratio(top, bottom):
+def ratio(top, bottom):
+  """top / bottom to 3 decimals, or None where a side is missing."""
   return round(top / bottom, 3) if top and bottom else None
 
 
@@ -75,15 +77,15 @@ def streams(run_variant, args, scratch) -> list:
                                                **common)
       variants["keras_fit_tfdata"] = run_variant("keras_fit_tfdata",
                                                  extra=[*arrays, *steps], **common)
-    speed = {name: _rate(r) for name, r in variants.items()}
-    ratios = {"trainer / keras_fit_records": _ratio(speed["trainer (records)"],
+    speed = {name: rate(r) for name, r in variants.items()}
+    ratios = {"trainer / keras_fit_records": ratio(speed["trainer (records)"],
                                                     speed["keras_fit_records"]),
-              "records / arrays": _ratio(speed["trainer (records)"],
+              "records / arrays": ratio(speed["trainer (records)"],
                                          speed["trainer (arrays)"])}
     if dataset == "synthetic":
-      ratios["trainer_tfdata / keras_fit_tfdata"] = _ratio(speed["trainer_tfdata"],
+      ratios["trainer_tfdata / keras_fit_tfdata"] = ratio(speed["trainer_tfdata"],
                                                            speed["keras_fit_tfdata"])
-      ratios["trainer_tfdata / arrays"] = _ratio(speed["trainer_tfdata"],
+      ratios["trainer_tfdata / arrays"] = ratio(speed["trainer_tfdata"],
                                                  speed["trainer (arrays)"])
     rows.append({"dataset": dataset, "variants": variants, "ratios": ratios})
   return rows
@@ -102,11 +104,11 @@ def evaluation(run_variant, args) -> dict:
   return {"variants": {"trainer_eval": ours, "keras_evaluate": keras_,
                        "trainer (training alone)": train},
           "ratios": {
-              "eval / keras_evaluate": _ratio(_rate(ours), _rate(keras_)),
-              "eval_mode / keras_evaluate": _ratio(
+              "eval / keras_evaluate": ratio(rate(ours), rate(keras_)),
+              "eval_mode / keras_evaluate": ratio(
                   ours.get("eval_mode_examples_per_second"),
                   keras_.get("first_call_examples_per_second")),
-              "eval / train": _ratio(_rate(ours), _rate(train)),
+              "eval / train": ratio(rate(ours), rate(train)),
               "eval_share_of_run": ours.get("eval_share_of_run")}}
 
 
@@ -157,9 +159,9 @@ def workers(args, scratch) -> dict:
     except (OSError, KeyError, ValueError):
       tail = (process.stderr.strip().splitlines() or ["no output"])[-1]
       results[name] = {"error": f"exit {process.returncode}: {tail[:300]}"}
-  speeds = [_rate(r) for r in results.values()]
+  speeds = [rate(r) for r in results.values()]
   return {"variants": results,
-          "ratios": {"2 workers / 1 process": _ratio(speeds[1], speeds[0])}}
+          "ratios": {"2 workers / 1 process": ratio(speeds[1], speeds[0])}}
 
 
 def history(run_variant, args) -> list:
@@ -175,11 +177,11 @@ def history(run_variant, args) -> list:
                                       extra=[f"--summary_every={every}"]))
     variants = {}
     for name, results in runs.items():
-      speeds = [_rate(r) for r in results if _rate(r)]
+      speeds = [rate(r) for r in results if rate(r)]
       variants[name] = dict(results[-1], examples_per_second=statistics.median(
           speeds) if speeds else None, repeats=[round(v) for v in speeds])
     rows.append({"dataset": dataset, "variants": variants, "ratios": {
-        "rows / no rows": _ratio(_rate(variants["rows"]), _rate(variants["no rows"]))}})
+        "rows / no rows": ratio(rate(variants["rows"]), rate(variants["no rows"]))}})
   return rows
 
 
@@ -202,7 +204,8 @@ def run_sections(names, *, run_variant, quickstart, args) -> dict:
   return out
 
 
-def _fmt(value, spec=",.0f"):
+def fmt(value, spec=",.0f"):
+  """`value` in `spec`, or "-" for None."""
   return "-" if value is None else format(value, spec)
 
 
@@ -216,7 +219,7 @@ def render(sections: dict) -> list:
     for group in groups:
       for variant, r in group.get("variants", {}).items():
         lines.append(f"| {group.get('dataset', '-')} | {variant} | "
-                     f"{_fmt(_rate(r))} | {_fmt(r.get('time_to_first_call_s'), '.1f')}"
+                     f"{fmt(rate(r))} | {fmt(r.get('time_to_first_call_s'), '.1f')}"
                      f" | {r.get('error', '')} |")
     if name == "startup":
       q = section["quickstart"]
@@ -232,5 +235,5 @@ def render(sections: dict) -> list:
           verdict = f" (target {'<=' if ratio.endswith('_s') else '>='} {target}: " \
                     f"{'met' if met else 'not met'})"
         where = f"{group['dataset']}: " if "dataset" in group else ""
-        lines.append(f"  {where}{ratio} = {_fmt(value, '.2f')}{verdict}")
+        lines.append(f"  {where}{ratio} = {fmt(value, '.2f')}{verdict}")
   return lines

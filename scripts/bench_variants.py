@@ -103,20 +103,30 @@ def _windows(run_window, args):
   return rates, ttfs
 
 
-def run_trainer(args, *, summaries, array_input="gather"):
-  import trainer
-  # One loop call per window (the first traces), unless --train_steps is given
-  # (--steps_per_loop=0 lets the trainer size its calls).
+def _trainer_config(args, model_dir, **overrides):
+  """The trainer variants' Config: one loop call per window (the first traces),
+  unless --train_steps is given (--steps_per_loop=0 lets the trainer size its
+  calls); no checkpoint but the last."""
   train_steps = args.train_steps or (
       (1 + args.warmup_windows + args.windows) * args.steps_per_loop)
-  with tempfile.TemporaryDirectory() as model_dir:
-    config = variant_config(args, model_dir=model_dir, train_steps=train_steps,
-                     checkpoint_every=10**9, summaries=summaries,
-                     array_input=array_input)
-    results = trainer.train(config)
+  return variant_config(args, model_dir=model_dir, train_steps=train_steps,
+                        checkpoint_every=10**9, **overrides)
+
+
+def _training_speed(results) -> dict:
+  """A trainer variant's numbers from its results.json."""
   return {"examples_per_second": results["examples_per_second_median"],
           "time_to_first_call_s": results["time_to_first_step_s"],
           "timed_windows": results["timed_loop_calls"]}
+
+
+def run_trainer(args, *, summaries, array_input="gather", task_class=None):
+  import trainer
+  with tempfile.TemporaryDirectory() as model_dir:
+    config = _trainer_config(args, model_dir, summaries=summaries,
+                             array_input=array_input)
+    task = task_class(**config.task_kwargs) if task_class else None
+    return _training_speed(trainer.train(config, task=task))
 
 
 def _dataset_task_class():
@@ -135,31 +145,17 @@ def _dataset_task_class():
   return DatasetClassification
 
 
-def run_trainer_tfdata(args):
-  import trainer
-  train_steps = (1 + args.warmup_windows + args.windows) * args.steps_per_loop
-  with tempfile.TemporaryDirectory() as model_dir:
-    config = variant_config(args, model_dir=model_dir, train_steps=train_steps,
-                            checkpoint_every=10**9, summaries=True)
-    task = _dataset_task_class()(**config.task_kwargs)
-    results = trainer.train(config, task=task)
-  return {"examples_per_second": results["examples_per_second_median"],
-          "time_to_first_call_s": results["time_to_first_step_s"]}
-
-
 def run_trainer_eval(args):
   """Training with an evaluation after every window, then --mode=eval."""
   import trainer
-  train_steps = (1 + args.warmup_windows + args.windows) * args.steps_per_loop
   with tempfile.TemporaryDirectory() as model_dir:
-    config = variant_config(args, model_dir=model_dir, train_steps=train_steps,
-                            checkpoint_every=10**9, summaries=True,
-                            mode="train_and_eval", eval_every=args.steps_per_loop)
+    config = _trainer_config(args, model_dir, summaries=True, mode="train_and_eval",
+                             eval_every=args.steps_per_loop)
     start = time.perf_counter()
     results = trainer.train(config)
     wall = time.perf_counter() - start
     evaluated = trainer.train(config.replace(mode="eval"))
-  evaluations = train_steps // args.steps_per_loop
+  evaluations = config.train_steps // args.steps_per_loop
   return {"examples_per_second": results["eval_examples_per_second"],
           "eval_examples": results["eval"]["examples"],
           "evaluations": evaluations,
@@ -465,7 +461,8 @@ def main():
       "orbit": lambda: run_orbit(args),
       "pipeline": lambda: run_pipeline(args),
       "keras_fit_records": lambda: run_keras_fit(args, _usual_records_pipeline),
-      "trainer_tfdata": lambda: run_trainer_tfdata(args),
+      "trainer_tfdata": lambda: run_trainer(args, summaries=True,
+                                            task_class=_dataset_task_class()),
       "keras_fit_tfdata": lambda: run_keras_fit(args, _usual_dataset_pipeline),
       "trainer_eval": lambda: run_trainer_eval(args),
       "keras_evaluate": lambda: run_keras_evaluate(args),

@@ -29,6 +29,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import bench_sections  # noqa: E402 (beside this file)
+from bench_sections import fmt  # noqa: E402
 
 WORKER = os.path.join(REPO, "scripts", "bench_variants.py")
 # The grid's variants (--variants); bench_sections runs the others.
@@ -117,16 +118,14 @@ def _median_of_repeats(results: list) -> dict:
 
 def ratios(by_variant: dict) -> dict:
   """The issue's ratios for one configuration (None where a side is missing)."""
-  def speed(name):
-    value = by_variant.get(name, {}).get("examples_per_second")
-    return value if isinstance(value, (int, float)) and value > 0 else None
   out = {}
   for name in [t for t, _, _ in TARGETS] + ["k_loop / single_device",
                                             "k_loop_outside / k_loop",
                                             "trainer / trainer_quiet",
                                             "pipeline / trainer"]:
-    top, bottom = (speed(n.strip()) for n in name.split("/"))
-    out[name] = round(top / bottom, 3) if top and bottom else None
+    top, bottom = (bench_sections.rate(by_variant.get(n.strip(), {}))
+                   for n in name.split("/"))
+    out[name] = bench_sections.ratio(top, bottom)
   return out
 
 
@@ -187,10 +186,6 @@ def fast_paths(args) -> list:
   return rows
 
 
-def _fmt(value, spec=",.0f"):
-  return "-" if value is None else format(value, spec)
-
-
 def render(report: dict) -> str:
   """The report as the plain-text tables docs/performance.md shows."""
   m = report["machine"]
@@ -208,16 +203,16 @@ def render(report: dict) -> str:
     for variant, r in config["variants"].items():
       lines.append(
           f"| {config['model']} | {config['dataset']} | {config['replicas']} | "
-          f"{variant} | {_fmt(r.get('examples_per_second'))} | "
-          f"{_fmt(r.get('time_to_first_call_s'), '.1f')} | "
-          f"{_fmt(r.get('peak_rss_mib'), '.0f')} | "
+          f"{variant} | {fmt(r.get('examples_per_second'))} | "
+          f"{fmt(r.get('time_to_first_call_s'), '.1f')} | "
+          f"{fmt(r.get('peak_rss_mib'), '.0f')} | "
           f"{r.get('error') or r.get('note') or ''} |")
   lines += ["", "| model | data | replicas | " +
             " | ".join(report["configs"][0]["ratios"]) + " |",
             "|---|---|---|" + "---|" * len(report["configs"][0]["ratios"])]
   for config in report["configs"]:
     lines.append(f"| {config['model']} | {config['dataset']} | {config['replicas']} | "
-                 + " | ".join(_fmt(v, ".2f") for v in config["ratios"].values())
+                 + " | ".join(fmt(v, ".2f") for v in config["ratios"].values())
                  + " |")
   lines += ["", "targets: " + ", ".join(
       f"{n} >= {t}" + (f" ({r} replica(s))" if r else "") for n, t, r in TARGETS)]
@@ -230,16 +225,16 @@ def render(report: dict) -> str:
                    f"(min {min(values):.2f}, max {max(values):.2f})")
   if report.get("quickstart"):
     q = report["quickstart"]
-    first_step = _fmt(q.get("time_to_first_step_s"), ".1f")
-    rss = _fmt(q.get("peak_rss_mib"), ".0f")
+    first_step = fmt(q.get("time_to_first_step_s"), ".1f")
+    rss = fmt(q.get("peak_rss_mib"), ".0f")
     lines.append(f"quickstart: time to first step {first_step}"
                  f" s (target <= {QUICKSTART_TARGET_S:g}), peak RSS {rss} MiB, "
-                 f"whole run {_fmt(q.get('wall_s'), '.1f')} s")
+                 f"whole run {fmt(q.get('wall_s'), '.1f')} s")
   if report.get("fast_paths"):
     lines += ["", "| fast path (cnn, synthetic, 2 replicas) | examples/s | note |",
               "|---|---|---|"]
     for r in report["fast_paths"]:
-      lines.append(f"| {r['name']} | {_fmt(r.get('examples_per_second'))} | "
+      lines.append(f"| {r['name']} | {fmt(r.get('examples_per_second'))} | "
                    f"{r.get('error') or ''} |")
   return "\n".join(lines)
 

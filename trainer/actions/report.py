@@ -61,10 +61,14 @@ class Report(Action):
     # --deterministic, and the steps of one call run at one pace. The first call
     # of a process traced the loop: its rate is compilation's, and left out.
     steps_per_second = None if call.index == 1 else call.num_steps / call.seconds
+    # A matrix metric (rows hold only scalars) is the whole call's at each point.
+    matrices = {name: np.asarray(outputs[name])
+                for name in trainer.objective.streaming
+                if name not in trainer.objective.scalar_streaming}
     for values in outputs["history"]:
       row = dict(zip(columns, values.tolist()))
       self._summaries.scalars("train", int(row["step"]),
-                              self._point(previous, row, outputs, replicas,
+                              self._point(previous, row, matrices, replicas,
                                           steps_per_second))
       previous = row
     sums = ("loss", "examples", "weight", "clipped", *trainer.metric_names)
@@ -78,7 +82,7 @@ class Report(Action):
       self._summaries.scalars("train", call.step, {
           name: value for name, value in at_end.items() if isinstance(value, list)})
 
-  def _point(self, previous: dict, row: dict, outputs: dict, replicas_before,
+  def _point(self, previous: dict, row: dict, matrices: dict, replicas_before,
              steps_per_second) -> dict:
     """The scalars of the steps from the previous row (or the call's start) to
     `row`: means over those steps, the ledger so far, and the call's rate (unless
@@ -91,12 +95,9 @@ class Report(Action):
     means.update({name: sums[name] / sums["weight"] if sums["weight"] else 0.0
                   for name in trainer.metric_names})
     examples = row["examples"] - previous["examples"]
-    # A streaming metric's point: its result over the call so far (a matrix
-    # one's, which rows do not hold, over the whole call).
-    streaming = {name: np.asarray(outputs[name])
-                 for name in trainer.objective.streaming}
-    streaming.update({name: row[name]
-                      for name in trainer.objective.scalar_streaming})
+    # A streaming metric's point: its result over the call so far.
+    streaming = dict(matrices, **{name: row[name]
+                                  for name in trainer.objective.scalar_streaming})
     values = dict(trainer.objective.report(means, sums=sums, examples=int(examples),
                                            streaming=streaming),
                   learning_rate=row["learning_rate"],

@@ -21,6 +21,10 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
     0.001
   """
 
+  # What acts on evaluations' patience: nothing without evaluations, nor in a run
+  # opened read-only (--mode=eval, replay, trainer.load).
+  PATIENCE_FIELDS = ("early_stopping_patience", "reduce_lr_patience")
+
   def __post_init__(self):
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
@@ -80,7 +84,7 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
                                or self.profile_steps[1] > self.train_steps):
       raise ConfigError(f"--profile_steps={flag_value(self.profile_steps)}: must be "
                         "A,B with 1 <= A <= B <= --train_steps, e.g. 10,20")
-    for name in ("early_stopping_patience", "reduce_lr_patience"):
+    for name in self.PATIENCE_FIELDS:
       if getattr(self, name) and not (self.mode in (None, "train_and_eval")
                                       and self.eval_every):
         raise ConfigError(f"--{name}={getattr(self, name)}: needs evaluations: "

@@ -85,8 +85,9 @@ def open_run(model_dir: str, *, invocation: config_lib.Config = None,
       invocation is not None) else {}
   # What only a training run acts on (its evaluations' patience) is off here: a
   # run opened to evaluate or replay neither evaluates on a schedule nor stops.
-  config = config.replace(model_dir=model_dir, mode=mode, early_stopping_patience=0,
-                          reduce_lr_patience=0, **devices, **changes)
+  config = config.replace(model_dir=model_dir, mode=mode, **devices,
+                          **dict.fromkeys(config_lib.Config.PATIENCE_FIELDS, 0),
+                          **changes)
   config, task = setup.resolve_task(config, task)
   return setup.build(config, task, read_only=True, loading=loading)
 

@@ -14,11 +14,11 @@ from trainer.tasks import Task
 from trainer.tasks.base import METRIC_NAME
 from trainer.training import objective as objectives
 from trainer.training.steps import float32_outputs
+from trainer.training.train_loop import ROW_STATE
 
 # Totals every run keeps, and the other columns of the train loop's summary rows
 # (TrainLoop.history_columns, with replica_0, replica_1, ...).
-RESERVED = ("loss", "examples", "weight", "step", "learning_rate", "gradient_norm",
-            "clipped")
+RESERVED = ("loss", "examples", "weight", "step", *ROW_STATE)
 _LEDGER_COLUMN = re.compile(r"^replica_\d+$")
 
 

@@ -138,7 +138,7 @@ def build(config: Config, task: Task, *, read_only: bool = False,
 def _refuse_evaluation_flags(config: Config):
   """Raises ConfigError if a flag that needs evaluations is set for a task
   without eval data (its default --mode is then train)."""
-  for name in ("early_stopping_patience", "reduce_lr_patience"):
+  for name in Config.PATIENCE_FIELDS:
     if getattr(config, name):
       raise ConfigError(f"--{name}={getattr(config, name)}: needs evaluations, but "
                         f"task {config.task} has no eval data (Task.eval_data() "

@@ -20,6 +20,10 @@ from trainer.training import profile
 from trainer.training.objective import Objective
 from trainer.training.steps import check_batch, float32_outputs, loss_scale
 
+# A history row's columns besides the step, the totals and each replica's ledger
+# (replica_0, replica_1, ...): no task metric may take these names (probe.py).
+ROW_STATE = ("learning_rate", "gradient_norm", "clipped")
+
 _SUM = tf.distribute.ReduceOp.SUM
 
 
@@ -144,8 +148,7 @@ class TrainLoop:
     self._record_every = record_every
     self.history_columns = ("step", *totals.variables,
                             *(f"replica_{i}" for i in range(ledger.num_replicas)),
-                            "learning_rate", "gradient_norm", "clipped",
-                            *objective.scalar_streaming)
+                            *ROW_STATE, *objective.scalar_streaming)
     # The loss of an update averages over all its micro-batches, so N accumulated
     # micro-batches of B give the gradients of one batch of N * B.
     self._update_batch_size = global_batch_size * rule.accum_steps
