@@ -152,7 +152,11 @@ def test_killed_worker_stops_cluster_and_relaunch_resumes(reference_run, tmp_pat
   finally:
     process.kill()
   assert f"worker 1 (pid {worker_pid}) failed: killed by SIGKILL" in output
-  assert not os.path.exists(os.path.join(model_dir, "results.json"))
+  # The chief either noticed the lost peer first (docs/faults.md: "hung" in
+  # results.json, exit 7) or was stopped by the launcher before writing anything:
+  # which, depends on the machine's load. It never says the run completed.
+  if os.path.exists(os.path.join(model_dir, "results.json")):
+    assert read_results(model_dir)["status"] == "hung"
 
   result = launch(model_dir, "--mode=train_and_eval", tmpdir=tmp_path)
   assert result.returncode == 0, result.stdout[-3000:]
