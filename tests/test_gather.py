@@ -1,4 +1,4 @@
-"""--array_input=gather (trainer/data/arrays.py's GatherInput): each replica gathers
+"""--array_input=gather (trainer/data/gather.py): each replica gathers
 its own batch in-graph, the same examples `experimental_distribute_dataset` gives
 it."""
 
@@ -44,5 +44,74 @@ def test_gather_and_dataset_train_bit_identically(tmp_path):
   result = run_cli(*args, "--array_input=dataset", f"--model_dir={dataset}")
   assert result.returncode == 0, result.stderr
   assert_bit_identical(gather, dataset)
+  # Its evaluations gather the eval split too, and say the same to the last bit.
+  assert read_results(gather)["eval"] == read_results(dataset)["eval"]
   assert read_results(gather)["replica_batches"] == {"replica_0": 80,
                                                      "replica_1": 80}
+
+
+def test_an_eval_split_is_gathered_as_the_padded_distributed_dataset_gives_it():
+  # 50 examples in global batches of 8: the 7th step holds 2 real ones and 6 copies.
+  x = np.arange(50 * 3, dtype=np.float32).reshape(50, 3)
+  arrays = data.ArrayData(x, np.arange(50), np.linspace(0.5, 1.5, 50))
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  cluster = Cluster(num_replicas=2)
+  gather = arrays.gather_input(strategy, cluster, None, per_replica_batch_size=4,
+                               preprocess=lambda f: f * 2.0)
+  dataset, num_batches = arrays.eval_input(strategy, cluster, global_batch_size=8,
+                                           preprocess=lambda f: f * 2.0)
+  assert gather.eval_steps == num_batches == 7
+  gathered = tf.function(lambda step: strategy.run(gather.replica_batch,
+                                                   args=(step, gather.arrays)))
+  for step, expected in enumerate(dataset):
+    got = gathered(tf.constant(step, tf.int64))
+    assert len(got) == 4  # features, labels, weights, padding
+    for want, have in zip(tf.nest.flatten(expected), tf.nest.flatten(got)):
+      for a, b in zip(strategy.experimental_local_results(want),
+                      strategy.experimental_local_results(have)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+  padding = strategy.experimental_local_results(got[3])
+  assert [p.numpy().tolist() for p in padding] == [[1, 1, 0, 0], [0, 0, 0, 0]]
+
+
+def test_a_dataset_is_held_in_memory_only_where_a_second_read_gives_the_same():
+  x = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+  plain = tf.data.Dataset.from_tensor_slices((x, np.arange(40)))
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  order = data.Order(global_batch_size=8, seed=4, shuffle=True, buffer=16)
+  held = {}
+  for name, dataset in {
+      "plain": plain,
+      "mapped": plain.map(lambda f, y: (f * 2.0, y)),
+      "shuffled": plain.shuffle(10),
+      "random": plain.map(lambda f, y: (f + tf.random.uniform([3]), y)),
+      "generator": tf.data.Dataset.from_generator(
+          lambda: iter(zip(x, range(40))),
+          output_signature=(tf.TensorSpec([3], tf.float32),
+                            tf.TensorSpec([], tf.int32))),
+      "endless": plain.repeat()}.items():
+    stream = data.StreamData(dataset)
+    held[name] = stream.gather_input(strategy, Cluster(num_replicas=2), order,
+                                     per_replica_batch_size=4,
+                                     preprocess=lambda f: f) is not None
+  assert held == {"plain": True, "mapped": True, "shuffled": False, "random": False,
+                  "generator": False, "endless": False}
+  # Held, each replica gathers what the distributed dataset gives it, at any step.
+  stream = data.StreamData(plain.map(lambda f, y: (f * 2.0, y)))
+  gather = stream.gather_input(strategy, Cluster(num_replicas=2), order,
+                               per_replica_batch_size=4, preprocess=lambda f: f)
+  step = tf.function(lambda: strategy.run(
+      gather.replica_batch, args=(gather.step_input(None, None), gather.arrays)))
+  for start in (0, 7):
+    expected = iter(stream.train_input(strategy, Cluster(num_replicas=2), order,
+                                       start_step=start, preprocess=lambda f: f))
+    reader = gather.iterator(start)
+    gather.loop_input(reader, 3)  # Past the end of the first epoch (5 steps)
+    for step_number in range(9):  # in calls of 3 steps.
+      if step_number and step_number % 3 == 0:
+        gather.loop_input(reader, 3)
+      want, have = next(expected), step()
+      for a, b in zip(tf.nest.flatten(want), tf.nest.flatten(have)):
+        for one, other in zip(strategy.experimental_local_results(a),
+                              strategy.experimental_local_results(b)):
+          np.testing.assert_array_equal(one.numpy(), other.numpy())

@@ -1,8 +1,11 @@
 """The Task API: user tasks from the command line and from Python, the regression
 task, tf.data tasks, and every guarantee held for a task that is not the default."""
 
+import dataclasses
 import os
 import types
+
+import keras
 
 import numpy as np
 import pytest
@@ -147,6 +150,12 @@ def test_resume_is_bit_exact_for_other_tasks(tmp_path, task, extra):
                     python_path=TESTS)
   assert resumed.returncode == 0 and "resuming at step 15" in resumed.stdout
   assert_bit_identical(straight, split)
+  # Held in memory and gathered in-graph (the default where the data fits), or
+  # read through tf.data and a distributed iterator: the same training.
+  streamed = str(tmp_path / "streamed")
+  assert run_cli(f"--model_dir={streamed}", "--train_steps=30", *args,
+                 "--array_input=dataset", python_path=TESTS).returncode == 0
+  assert_bit_identical(straight, streamed)
 
 
 def test_stream_task_counts_a_generator_split_and_exports_dict_inputs(model_dir):
@@ -261,3 +270,74 @@ def test_a_metric_named_as_a_summary_column_is_refused(name):
   task = types.SimpleNamespace(metrics=lambda labels, outputs: {name: outputs})
   with pytest.raises(TaskError, match=f"'{name}' cannot be a metric name"):
     probe._task_metrics(task, None, tf.zeros([2]))
+
+
+class _CountOver(keras.metrics.Metric):
+  """The weighted count of examples whose error is over `threshold`, updated
+  under a Python `if` on a tensor."""
+
+  def __init__(self, threshold, **kwargs):
+    super().__init__(**kwargs)
+    self.threshold = threshold
+    self.count = self.add_variable(shape=(), initializer="zeros", name="count",
+                                   aggregation="sum")
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    over = tf.cast(tf.abs(y_pred - y_true) > self.threshold, tf.float32)[:, 0]
+    if sample_weight is not None:
+      over *= sample_weight
+    if tf.reduce_any(over > 0):
+      self.count.assign_add(tf.reduce_sum(over))
+
+  def result(self):
+    return self.count
+
+
+@dataclasses.dataclass
+class _BranchyQuadratic(user_tasks.Quadratic):
+  """Quadratic with Python `if` and `for` on tensors in each of its functions, as
+  AutoGraph allows inside a tf.function (the framework's loops are traced without
+  it, and convert a task's code themselves)."""
+
+  def preprocess(self, features):
+    if tf.reduce_max(tf.abs(features)) > 1e9:  # Never true; still a tensor test.
+      features = tf.zeros_like(features)
+    return features
+
+  def loss(self, labels, outputs):
+    error = tf.abs(outputs - labels)
+    if tf.reduce_any(error > self.delta):
+      quadratic = tf.minimum(error, self.delta)
+    else:
+      quadratic = error
+    return tf.reduce_mean(0.5 * quadratic ** 2 + self.delta * (error - quadratic),
+                          axis=-1)
+
+  def metrics(self, labels, outputs):
+    total = tf.zeros_like(labels[:, 0])
+    for column in tf.range(tf.shape(labels)[1]):
+      total += tf.abs(outputs[:, column] - labels[:, column])
+    return {"mae": total / tf.cast(tf.shape(labels)[1], tf.float32)}
+
+  def build_metrics(self):
+    return {"over_one": _CountOver(1.0)}
+
+
+def test_a_tasks_python_control_flow_on_tensors_is_converted(tmp_path):
+  flags = dict(optimizer="sgd", learning_rate=0.05, train_steps=6, cpu_devices=2,
+               per_replica_batch_size=16, grad_accum_steps=2, deterministic=True,
+               summaries=False, mode="train_and_eval")
+  branchy = trainer.train(Config(model_dir=str(tmp_path / "branchy"), **flags),
+                          task=_BranchyQuadratic(hidden=8))
+  plain = trainer.train(Config(model_dir=str(tmp_path / "plain"), **flags),
+                        task=user_tasks.Quadratic(hidden=8))
+  a, b = float_values(tmp_path / "branchy"), float_values(tmp_path / "plain")
+  assert a.keys() == b.keys() and sum(k.startswith("model/") for k in a) == 4
+  for key in a:
+    np.testing.assert_allclose(a[key], b[key], atol=1e-6, err_msg=key)
+  assert branchy["eval"]["mae"] == pytest.approx(
+      plain["eval"]["mae"], abs=1e-6)
+  features, labels = user_tasks.Quadratic().eval_data()
+  _, model = trainer.load(str(tmp_path / "branchy"))
+  errors = np.abs(model(features) - labels)
+  assert branchy["eval"]["over_one"] == float((errors > 1.0).sum())

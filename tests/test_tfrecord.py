@@ -70,6 +70,13 @@ def test_shards_train_like_arrays_and_resume_bit_exact(shards, tmp_path):
   resumed = run_cli(*args, "--train_steps=200", f"--model_dir={split}")
   assert resumed.returncode == 0 and "resuming at step 90" in resumed.stdout
   assert_bit_identical(files, split)
+  # The records decoded into memory and gathered in-graph (the default, as they
+  # fit) train exactly as the records read by tf.data as it trains.
+  streamed = str(tmp_path / "streamed")
+  assert run_cli(*common, *_records_flags(shards[8]), "--array_input=dataset",
+                 f"--model_dir={streamed}").returncode == 0
+  assert_bit_identical(files, streamed)
+  assert read_results(streamed)["eval"] == results["eval"]
 
 
 def _worker_files(output):
@@ -161,7 +168,7 @@ def test_a_bad_record_mid_run_is_one_line_and_keeps_the_checkpoint(
   model_dir = str(tmp_path / "run")
   result = run_cli("--model=mlp", "--dataset=tfrecord", "--checkpoint_every=10",
                    f"--train_files={folder}/train-*", f"--model_dir={model_dir}",
-                   "--train_steps=100")
+                   "--train_steps=100", "--array_input=dataset")
   assert result.returncode == 2
   line = result.stderr.strip().splitlines()[-1]
   assert re.fullmatch(rf"error: --train_files: bad record in {folder}/{message}.* "
@@ -170,6 +177,18 @@ def test_a_bad_record_mid_run_is_one_line_and_keeps_the_checkpoint(
   assert "Traceback" not in result.stderr
   kept = checkpoint_values(os.path.join(model_dir, "checkpoints"))  # Readable.
   assert np.isfinite(kept["global_step/.ATTRIBUTES/VARIABLE_VALUE"])
+
+  # Decoded into memory (the default where they fit), the records are all read
+  # before the first step: the same record is named then.
+  decoded = run_cli("--model=mlp", "--dataset=tfrecord",
+                    f"--train_files={folder}/train-*",
+                    f"--model_dir={tmp_path / 'decoded'}", "--train_steps=100")
+  assert decoded.returncode == 2 and "Traceback" not in decoded.stderr
+  line = decoded.stderr.strip().splitlines()[-1]
+  assert re.fullmatch(rf"error: --train_files: bad record in {folder}/{message}.* "
+                      r"\(found while decoding the records into memory, before "
+                      r"training; --array_input=dataset reads them as it trains\)",
+                      line), line
 
 
 @pytest.mark.parametrize("args, line", [

@@ -146,11 +146,14 @@ class InputConfig:
                               "tf.data.Dataset or pipeline function, TFRecord files).",
                               lower=1)
   array_input: str = field(
-      "gather", "How array data reaches the replicas: gather (each replica gathers "
-      "its batch in-graph from a copy of the arrays on its device, by (seed, step, "
-      "replica): no iterator) or dataset (tf.data and "
-      "experimental_distribute_dataset). The same examples either way; arrays over "
-      "1 GiB always use dataset.", choices=ARRAY_INPUTS)
+      "gather", "How data held in memory reaches the replicas: gather (each "
+      "replica gathers its batch in-graph from a copy of the arrays on its device, "
+      "by (seed, step, replica): no distributed iterator; TFRecord files are "
+      "decoded into memory once, before training, and gathered in the order "
+      "tf.data would read them; eval splits too) or dataset (tf.data and a "
+      "distributed iterator). The same examples either way; data over 1 GiB "
+      "(decoded), text, and records sharded by record always use dataset.",
+      choices=ARRAY_INPUTS)
 
   def batch_sizes(self, num_replicas: int, *, exact: bool = True) -> tuple:
     """(per-replica batch, global batch) on `num_replicas` replicas.

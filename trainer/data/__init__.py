@@ -8,7 +8,8 @@ rest of the framework uses.
 import tensorflow as tf
 
 from trainer.data import records
-from trainer.data.arrays import ArrayData, GatherInput, check_arrays, example_indices
+from trainer.data.arrays import ArrayData, check_arrays, example_indices
+from trainer.data.gather import GatherInput
 from trainer.data.base import Order, TaskData
 from trainer.data.record_files import INDEX_FILE, read_index_file, write_index
 from trainer.data.records import TFRecords

@@ -6,30 +6,21 @@ seeded by (seed, e)), each epoch dropping its last partial batch. Resuming at st
 `s` starts the stream at `s*B` and needs no iterator state.
 
 The replicas either read their batches from a tf.data pipeline split by
-`experimental_distribute_dataset`, or gather them in-graph (`GatherInput`, the
-default up to 1 GiB): a distributed iterator costs every step a host round of
-`get_next` across the replicas' devices (a third of a small model's step on CPUs),
-and arrays need none of it. `GatherInput` copies the arrays once to every
-replica's device, and inside `strategy.run` replica r of micro-step s gathers
-positions `[s*B + r*b, s*B + (r+1)*b)` of the permuted stream, where b is the
-per-replica batch: exactly the examples `experimental_distribute_dataset` gives
-replica r, so the two paths train bit-identically (tests/test_gather.py). The
-batch assertion and the ledger run on the gathered batch as on an iterator's.
-
-Evaluation pads the split to whole global batches with weight-0 copies of its last
-example, so every example counts exactly once on any replica count.
+`experimental_distribute_dataset`, or gather them in-graph (gather.py, the default
+up to 1 GiB), exactly the same examples. Evaluation pads the split to whole global
+batches with weight-0 copies of its last example, so every example counts exactly
+once on any replica count.
 """
-
 import dataclasses
+import functools
 
 import numpy as np
 import tensorflow as tf
 
-from trainer.data import base
+from trainer.data import base, gather
 from trainer.errors import DataError
 
 _ENDLESS = 2**62  # Stream positions: more than any run will read.
-MAX_GATHER_BYTES = 2**30  # Larger arrays keep the tf.data path (a copy per device).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,15 +78,15 @@ class ArrayData(base.TaskData):
     n, batch = self.num_examples, order.global_batch_size
     features, labels, weights = self._tensors()
 
-    def gather(positions):
+    def take(positions):
       index = example_indices(positions, num_examples=n, order=order)
       taken = tf.nest.map_structure(lambda a: tf.gather(a, index), features)
       return (taken if preprocess is None else preprocess(taken),
-              *_labels_and_weights(labels, weights, index))
+              *gather.labels_and_weights(labels, weights, index))
 
     dataset = tf.data.Dataset.range(start_step * batch, _ENDLESS)
     dataset = dataset.batch(batch, drop_remainder=True)
-    dataset = dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(take, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options())
 
   def train_input(self, strategy, cluster, order, *, start_step, preprocess):
@@ -109,16 +100,16 @@ class ArrayData(base.TaskData):
     num_batches = -(-n // global_batch_size)
     features, labels, weights = self._tensors()
 
-    def gather(positions):
+    def take(positions):
       index = tf.minimum(positions, n - 1)  # Padding repeats the last example...
       padding = tf.cast(positions < n, tf.float32)  # ...with weight 0.
       taken = tf.nest.map_structure(lambda a: tf.gather(a, index), features)
-      return (preprocess(taken), *_labels_and_weights(labels, weights, index),
+      return (preprocess(taken), *gather.labels_and_weights(labels, weights, index),
               padding)
 
     dataset = tf.data.Dataset.range(num_batches * global_batch_size)
     dataset = dataset.batch(global_batch_size, drop_remainder=True)
-    dataset = dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(take, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options())
     return base.distribute(strategy, dataset), num_batches
 
@@ -137,6 +128,7 @@ class ArrayData(base.TaskData):
 
   def gather_input(self, strategy, cluster, order, *, per_replica_batch_size,
                    preprocess):
+    # order=None: an eval split (GatherInput says how it is read).
     # Under multi-worker with several replicas per worker the distributed dataset
     # gives worker w's local replica k slice k*W + w, not w*R + k: the gathered
     # order would differ, so those keep the tf.data path.
@@ -145,20 +137,13 @@ class ArrayData(base.TaskData):
     if any(_is_text(a) for a in tf.nest.flatten(self._arrays)):
       return None  # Strings stay with tf.data on the host (no copy per device).
     size = sum(np.asarray(a).nbytes for a in tf.nest.flatten(self._arrays))
-    if size > MAX_GATHER_BYTES:
+    if size > gather.MAX_GATHER_BYTES:
       return None
-    return GatherInput(strategy=strategy, data=self, order=order,
-                       per_replica_batch_size=per_replica_batch_size,
-                       preprocess=preprocess)
-
-
-@tf.autograph.experimental.do_not_convert
-def _labels_and_weights(labels, weights, index) -> tuple:
-  """The labels at `index`, and their weights (ones where the task gave none)."""
-  taken = tf.nest.map_structure(lambda a: tf.gather(a, index), labels)
-  if weights is None:
-    return taken, tf.ones(tf.shape(index)[:1], tf.float32)
-  return taken, tf.gather(weights, index)
+    index_of = None if order is None else functools.partial(
+        example_indices, num_examples=self.num_examples, order=order)
+    return gather.GatherInput(strategy=strategy, data=self, index_of=index_of,
+                              per_replica_batch_size=per_replica_batch_size,
+                              preprocess=preprocess)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -184,50 +169,13 @@ def example_indices(positions, *, num_examples: int, order: base.Order):
   return index
 
 
-class GatherInput:
-  """Array data on every replica's device, read by (seed, step, replica)."""
-
-  def __init__(self, *, strategy, data: ArrayData, order: base.Order,
-               per_replica_batch_size: int, preprocess):
-    """Copies the arrays to every replica's device.
-
-    Args:
-      strategy: the run's strategy (its scope mirrors the copies).
-      data: the training arrays.
-      order: the data order (seed, shuffle, global batch).
-      per_replica_batch_size: examples per replica per micro-step.
-      preprocess: the task's map from a batch of stored features to model inputs.
-    """
-    self._order = order
-    self._per_replica = per_replica_batch_size
-    self._num_examples = data.num_examples
-    self._preprocess = preprocess
-    # One copy per replica device, made locally on every worker (each has the
-    # same arrays): not variables, which multi-worker would broadcast (and
-    # collectives have no uint8).
-    arrays, devices = data._arrays, strategy.extended.worker_devices  # noqa: SLF001
-
-    def on_replica_device(context):  # Not placed by the strategy itself.
-      with tf.device(devices[context.replica_id_in_sync_group % len(devices)]):
-        return tf.nest.map_structure(tf.constant, arrays)
-
-    self.arrays = strategy.experimental_distribute_values_from_function(
-        on_replica_device)
-
-  def replica_batch(self, micro_step, arrays):
-    """This replica's (features, labels, weights) of global micro-step
-    `micro_step`, from its copy `arrays` of the data (`self.arrays`, passed
-    through strategy.run); call in a replica context."""
-    replica = tf.cast(
-        tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
-    first = (tf.cast(micro_step, tf.int64) * self._order.global_batch_size
-             + replica * self._per_replica)
-    index = example_indices(tf.range(first, first + self._per_replica),
-                            num_examples=self._num_examples, order=self._order)
-    features = tf.nest.map_structure(lambda a: tf.gather(a, index), arrays[0])
-    weights = None if len(arrays) == 2 else tf.cast(arrays[2], tf.float32)
-    return (self._preprocess(features),
-            *_labels_and_weights(arrays[1], weights, index))
+def read_into_memory(dataset: tf.data.Dataset, *, what: str) -> ArrayData:
+  """A finite dataset of (features, labels[, weight]) elements as arrays, in its
+  order (read in batches)."""
+  parts = [tf.nest.map_structure(lambda t: t.numpy(), batch)
+           for batch in dataset.batch(4096)]
+  return ArrayData(*tf.nest.map_structure(lambda *a: np.concatenate(a), *parts),
+                   what=what)
 
 
 def check_arrays(value, *, what: str) -> ArrayData:

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from trainer.data import record_files, streams
+from trainer.data import arrays, gather, record_files, streams
 from trainer.data.shards import Shard
 from trainer.errors import DataError
 
@@ -153,6 +153,54 @@ class TFRecords(streams.PerPipeline):
   def pipeline_examples(self, context):
     shard = self.shard(context.num_input_pipelines, context.input_pipeline_id)
     return self.parsed(shard.eval_stream(), batch_size=256)
+
+  def gather_input(self, strategy, cluster, order, *, per_replica_batch_size,
+                   preprocess):
+    """This pipeline's records decoded once into memory and gathered in-graph,
+    in the order the stream would read them (`order`; None: an eval split), or
+    None where they would not fit (gather.MAX_GATHER_BYTES), hold text, are
+    sharded by record, or are an eval split of several pipelines (padded to
+    the same count on every worker)."""
+    shard = self._own_shard(cluster)
+    if (shard.record_level or (order is None and cluster.num_pipelines > 1) or
+        not gather.fits_in_memory(self.element_spec, shard.num_examples)):
+      return None
+    decoded = self._decoded(shard)
+    if order is None:
+      return gather.GatherInput(strategy=strategy, data=decoded,
+                                per_replica_batch_size=per_replica_batch_size,
+                                preprocess=preprocess)
+    per_step = cluster.local_replicas * per_replica_batch_size
+
+    def ids(start_step):
+      stream = shard.train_stream(order, position=start_step * per_step, ids=True)
+      return stream.batch(per_step, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    return gather.GatherInput(strategy=strategy, data=decoded,
+                              per_replica_batch_size=per_replica_batch_size,
+                              preprocess=preprocess, ids=ids,
+                              local_replicas=cluster.local_replicas)
+
+  def _decoded(self, shard: Shard) -> arrays.ArrayData:
+    """A pipeline's records, parsed, as arrays in the order of its files.
+
+    Raises:
+      DataError: a record that cannot be read or parsed, named.
+    """
+    paths = [self.paths[i] for i in shard.files]
+    try:
+      return arrays.read_into_memory(
+          self.parsed(tf.data.TFRecordDataset(paths), batch_size=256),
+          what=self.flag)
+    except tf.errors.OpError:
+      for path in paths:
+        found = record_files.bad_record(path, parse=self.parsed)
+        if found:
+          raise DataError(f"{self.flag}: bad record in {found} (found while "
+                          "decoding the records into memory, before training; "
+                          "--array_input=dataset reads them as it trains)"
+                          ) from None
+      raise
 
   def explain_error(self, error, cluster, *, split, step, order=None, position=0,
                     records=0):

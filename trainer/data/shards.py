@@ -125,10 +125,20 @@ class Shard:
       position += self._kept(sum(self.counts[self.paths.index(p)]
                                  for p in block_paths)) - skip
 
-  def _block(self, paths, block_seed, *, shuffle: bool, buffer: int):
-    """One block's serialized records: interleaved, sharded, shuffled."""
-    dataset = tf.data.Dataset.from_tensor_slices(paths).interleave(
-        tf.data.TFRecordDataset, cycle_length=self.block_size, block_length=1,
+  @property
+  def offsets(self) -> tuple:
+    """Where each of this pipeline's files starts among its records, in `files`
+    order (the ids `train_stream(..., ids=True)` yields)."""
+    starts = [0]
+    for i in self.files[:-1]:
+      starts.append(starts[-1] + self.counts[i])
+    return tuple(starts)
+
+  def _block(self, sources, block_seed, *, shuffle: bool, buffer: int, read):
+    """One block's records (`read` of each of its `sources`): interleaved,
+    sharded, shuffled."""
+    dataset = tf.data.Dataset.from_tensor_slices(sources).interleave(
+        read, cycle_length=self.block_size, block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if self.record_level:
       dataset = dataset.shard(self.num_pipelines, self.pipeline_id)
@@ -140,20 +150,29 @@ class Shard:
       dataset = dataset.shuffle(buffer, seed=block_seed)
     return dataset
 
-  def train_stream(self, order: Order, *, position: int) -> tf.data.Dataset:
-    """The endless stream of serialized records from `position` on."""
-    paths = tf.constant([self.paths[i] for i in self.files])
+  def train_stream(self, order: Order, *, position: int,
+                   ids: bool = False) -> tf.data.Dataset:
+    """The endless stream of serialized records from `position` on; or (`ids`)
+    of their ids, `offsets[file] + record`, in the same order (an interleave
+    and a seeded shuffle order elements the same whatever they hold)."""
+    if ids:
+      sources = tf.constant([[start, start + self.counts[i]] for start, i in
+                             zip(self.offsets, self.files)], tf.int64)
+      read = _id_range
+    else:
+      sources = tf.constant([self.paths[i] for i in self.files])
+      read = tf.data.TFRecordDataset
     k, num_blocks = self.block_size, -(-len(self.files) // self.block_size)
 
     def epoch_records(epoch, first_block=0):
-      ordered = tf.gather(paths, self.file_order(order, epoch))
+      ordered = tf.gather(sources, self.file_order(order, epoch))
 
       def block_records(block):
         # Wrapping int64 arithmetic: a seed per (seed, pipeline, epoch, block).
         block_seed = ((tf.constant(order.seed, tf.int64) * 1_000_003 +
                        self.pipeline_id) * 1_000_003 + epoch) * 1_000_003 + block
         return self._block(ordered[block * k:(block + 1) * k], block_seed,
-                           shuffle=order.shuffle, buffer=order.buffer)
+                           shuffle=order.shuffle, buffer=order.buffer, read=read)
 
       return tf.data.Dataset.range(first_block, num_blocks).flat_map(block_records)
 
@@ -165,4 +184,9 @@ class Shard:
   def eval_stream(self) -> tf.data.Dataset:
     """Every serialized record of this pipeline once, in file order."""
     return self._block([self.paths[i] for i in self.files], None, shuffle=False,
-                       buffer=1)
+                       buffer=1, read=tf.data.TFRecordDataset)
+
+
+def _id_range(span):
+  """The ids [span[0], span[1]) of one file's records."""
+  return tf.data.Dataset.range(span[0], span[1])

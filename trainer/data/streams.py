@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from trainer.data import base
+from trainer.data import arrays, base, gather
 from trainer.errors import DataError
 
 OFF = tf.data.experimental.AutoShardPolicy.OFF
@@ -192,6 +192,51 @@ class StreamData(base.TaskData):
   def host_batches(self, order, *, num_replicas, start_step, count):
     del num_replicas  # Global batches split in replica order, as distributed.
     return list(self._batches(order, start_step=start_step).take(count))
+
+  def gather_input(self, strategy, cluster, order, *, per_replica_batch_size,
+                   preprocess):
+    """The dataset read once into memory and gathered in-graph, in the order its
+    stream would give (`order`: the seeded shuffle of its indices; None: an eval
+    split, in order); or None unless one pipeline reads it, its length is known,
+    its elements fit (gather.fits_in_memory) and reading it again gives the same
+    elements (`varies_between_reads`)."""
+    count = self.num_examples if order is None else int(self.dataset.cardinality())
+    if (cluster.num_pipelines > 1 or count < 0 or
+        not gather.fits_in_memory(self.element_spec, count) or
+        varies_between_reads(self.dataset)):
+      return None
+    held = arrays.read_into_memory(self.dataset, what=self.what)
+    if order is None:
+      return gather.GatherInput(strategy=strategy, data=held,
+                                per_replica_batch_size=per_replica_batch_size,
+                                preprocess=preprocess)
+
+    def ids(start_step):
+      # A seeded shuffle orders indices as it would the elements.
+      return stream_batches(
+          tf.data.Dataset.range(count), order, shuffle_seed=order.seed,
+          batch_size=order.global_batch_size,
+          position=start_step * order.global_batch_size).prefetch(tf.data.AUTOTUNE)
+
+    return gather.GatherInput(strategy=strategy, data=held,
+                              per_replica_batch_size=per_replica_batch_size,
+                              preprocess=preprocess, ids=ids,
+                              local_replicas=strategy.num_replicas_in_sync)
+
+
+# Ops after which reading a dataset again may give other elements.
+_VARYING_OPS = ("Random", "Shuffle", "PyFunc", "Generator")
+
+
+def varies_between_reads(dataset: tf.data.Dataset) -> bool:
+  """Whether reading `dataset` again may give other elements: its graph has a
+  random or shuffling op, or runs Python (a generator, a py_function)."""
+  serialized = dataset._as_serialized_graph(  # noqa: SLF001 (no public way)
+      external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
+  graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
+  ops = [node.op for node in graph.node] + [
+      node.op for function in graph.library.function for node in function.node_def]
+  return any(word in op for op in ops for word in _VARYING_OPS)
 
 
 @dataclasses.dataclass

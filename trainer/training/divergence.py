@@ -116,7 +116,8 @@ def replay_to(trainer, train_data, checkpoints, *, model_dir: str, step: int,
   iterator = trainer.train_iterator(train_data)
   for current in range(checkpoint_step + 1, step + 1):
     outputs = {k: (v.numpy() if hasattr(v, "numpy") else [t.numpy() for t in v])
-               for k, v in trainer.diagnose_step(iterator).items()}
+               for k, v in trainer.diagnose_step(
+                   trainer.loop_input(iterator, 1)).items()}
     if on_step is not None:
       on_step()
     if current == step or (stop_at_nonfinite and not _finite(outputs)):

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from trainer.errors import TaskError, user_code
 from trainer.tasks.base import METRIC_NAME
+from trainer.training.steps import graph_code
 
 
 @tf.autograph.experimental.do_not_convert
@@ -42,10 +43,14 @@ class Objective:
       TaskError: a class weight that is not {int >= 0: finite number}.
     """
     self._task = task
-    self._loss = task.loss
-    if isinstance(task.loss, keras.losses.Loss):
-      self._loss = task.loss.call  # Per-example values, not their reduction.
+    loss = task.loss
+    if isinstance(loss, keras.losses.Loss):
+      loss = loss.call  # Per-example values, not their reduction.
+    # The loops are traced without AutoGraph; the task's code is converted.
+    self._loss, self._metrics = graph_code(loss), graph_code(task.metrics)
     self.streaming = streaming
+    self._updates = [(graph_code(metric.update_state), key)
+                     for metric, key in streaming.values()]
     # The streaming metrics with one value (not a matrix): set by the probe.
     self.scalar_streaming = ()
     self._class_weight = class_weight_table(
@@ -74,14 +79,13 @@ class Objective:
   def metric_sums(self, labels, outputs, weights) -> dict:
     """{name: weighted sum} of the task's per-example metrics."""
     return {name: tf.reduce_sum(per_example(values) * weights)
-            for name, values in self._task.metrics(labels, outputs).items()}
+            for name, values in self._metrics(labels, outputs).items()}
 
   def update_streaming(self, labels, outputs, weights):
     """Updates every streaming metric with this replica's batch (call in a replica
     context)."""
-    for metric, key in self.streaming.values():
-      metric.update_state(labels, outputs if key is None else outputs[key],
-                          sample_weight=weights)
+    for update, key in self._updates:
+      update(labels, outputs if key is None else outputs[key], sample_weight=weights)
 
   @tf.autograph.experimental.do_not_convert
   def reset_streaming(self):

@@ -125,6 +125,7 @@ def build(config: Config, task: Task, *, read_only: bool = False,
       per_replica_batch_size=per_replica, seed=config.seed,
       train_steps=config.train_steps,
       gather=training and config.array_input == "gather",
+      gather_eval=config.array_input == "gather",
       keep_gradients=training and config.histogram_every > 0,
       record_every=config.summary_steps if config.summaries else 0)
   checkpoints = Checkpoints(model_dir=config.model_dir, trainer=trainer,

@@ -153,11 +153,12 @@ class TrainLoop:
     # micro-batches of B give the gradients of one batch of N * B.
     self._update_batch_size = global_batch_size * rule.accum_steps
     self._forward_backward = (tf.function(self._forward_backward_fn,
-                                          jit_compile=True)
+                                          jit_compile=True, autograph=False)
                               if jit_compile else self._forward_backward_fn)
+    # Graph code as written, traced without AutoGraph (steps.graph_code says why).
     # The profile finds the loop's calls by this name (profile.LOOP_FUNCTION).
-    self.loop = tf.function(self.train_loop)
-    self.diagnose = tf.function(self._diagnose)
+    self.loop = tf.function(self.train_loop, autograph=False)
+    self.diagnose = tf.function(self._diagnose, autograph=False)
 
   def _forward_backward_fn(self, features, labels, weights):
     model, objective, rule = self._model, self._objective, self._rule
@@ -187,22 +188,25 @@ class TrainLoop:
                           weight=tf.reduce_sum(weights)))
     return gradients
 
-  def _gathered_replica_step(self, micro_step_index, arrays):
+  def _gathered_replica_step(self, step_input, arrays):
     with tf.name_scope(profile.INPUT):
-      batch = self._gather.replica_batch(micro_step_index, arrays)
+      batch = self._gather.replica_batch(step_input, arrays)
     return self._replica_step(*batch)
 
   def _micro_step(self, iterator, index):
-    """One next() (or one in-graph gather per replica, at micro-step `index`) and
-    one strategy.run: the all-reduced gradients of a batch."""
+    """One next() (or one in-graph gather per replica, of micro-step `index` or
+    of the ids its iterator gives) and one strategy.run: the all-reduced
+    gradients of a batch."""
     strategy = self._strategy
     if self._gather is None:
       with tf.name_scope(profile.INPUT):
         batch = next(iterator)
       per_replica = strategy.run(self._replica_step, args=batch)
     else:
+      with tf.name_scope(profile.INPUT):
+        step_input = self._gather.step_input(iterator, index)
       per_replica = strategy.run(self._gathered_replica_step,
-                                 args=(index, self._gather.arrays))
+                                 args=(step_input, self._gather.arrays))
     with tf.name_scope(profile.ALL_REDUCE):
       reduced = strategy.extended.batch_reduce_to(
           _SUM, [(g, v.value) for g, v in zip(per_replica, self._variables)])
@@ -214,13 +218,18 @@ class TrainLoop:
     first = (None if self._gather is None else
              self._global_step.read_value() * rule.accum_steps)
     gradients = self._micro_step(iterator, first)
-    if rule.accum_steps > 1:
-      # A loop variable keeps its shape: sparse gradients are summed densely.
-      gradients = [_dense(g) for g in gradients]
-      for micro in tf.range(1, rule.accum_steps, dtype=tf.int64):
-        index = None if self._gather is None else first + micro
-        gradients = [a + _dense(b)
-                     for a, b in zip(gradients, self._micro_step(iterator, index))]
+    if rule.accum_steps == 1:
+      return gradients
+
+    def accumulate(micro, gradients):
+      index = None if self._gather is None else first + micro
+      return micro + 1, [a + _dense(b) for a, b in
+                         zip(gradients, self._micro_step(iterator, index))]
+
+    # A loop variable keeps its shape: sparse gradients are summed densely.
+    _, gradients = tf.while_loop(
+        lambda micro, _: micro < rule.accum_steps, accumulate,
+        (tf.constant(1, tf.int64), [_dense(g) for g in gradients]))
     return gradients
 
   def _step(self, iterator, diagnosis=None):
@@ -260,19 +269,22 @@ class TrainLoop:
     strategy.run(totals.reset)
     strategy.run(ledger.reset)
     strategy.run(self._objective.reset_streaming)
-    norm, all_finite = tf.constant(0.0), tf.constant(True)
-    clipped = tf.constant(0)
     history = tf.TensorArray(tf.float64, size=0, dynamic_size=True,
                              element_shape=[len(self.history_columns)])
-    for _ in tf.range(num_steps):
+
+    def step(done, norm, all_finite, clipped, history):
       norm, step_clipped = self._step(iterator)
       all_finite = tf.logical_and(all_finite, tf.math.is_finite(norm))
       clipped += tf.cast(step_clipped, tf.int32)
       if self._record_every:
-        step = self._global_step.read_value()
-        if step % self._record_every == 0:
-          history = history.write(history.size(),
-                                  self._history_row(step, norm, clipped))
+        history = self._recorded(history, norm, clipped)
+      return done + 1, norm, all_finite, clipped, history
+
+    num_steps = tf.convert_to_tensor(num_steps)
+    _, norm, all_finite, clipped, history = tf.while_loop(
+        lambda done, *_: done < num_steps, step,
+        (tf.zeros_like(num_steps), tf.constant(0.0), tf.constant(True),
+         tf.constant(0), history))
     outputs = dict(totals.values(), **self._objective.streaming_results(),
                    history=history.stack(),
                    gradient_norm=norm,
@@ -284,6 +296,15 @@ class TrainLoop:
     outputs["all_finite"] = tf.logical_and(all_finite,
                                            tf.math.is_finite(outputs["loss"]))
     return outputs
+
+  def _recorded(self, history, norm, clipped):
+    """`history` with a row added when the global step is a multiple of
+    `record_every`."""
+    step = self._global_step.read_value()
+    return tf.cond(
+        tf.equal(step % self._record_every, 0),
+        lambda: history.write(history.size(), self._history_row(step, norm, clipped)),
+        lambda: history)
 
   def _history_row(self, step, norm, clipped):
     """The running sums after `step` as one float64 row (`history_columns`)."""

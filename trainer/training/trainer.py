@@ -3,6 +3,7 @@ compiled loops of one run, built under the strategy before the first step."""
 
 import contextlib
 import dataclasses
+import functools
 
 import keras
 import numpy as np
@@ -46,9 +47,12 @@ class Trainer:
     train_loop: `(iterator, num_steps) -> outputs` (train_loop.TrainLoop).
     history_columns: the names of the columns of the loop's "history" rows.
     diagnose_step: one train step with its gradients (divergence.py).
-    eval_loop: `(iterator, num_steps)`.
+    eval_loop: `gather -> eval_loop(iterator, num_steps)` (steps.make_eval_loop
+      of this trainer's model, objective, eval ledger and totals); `evaluate`
+      builds one per eval split (the iterator's, or one gathering its arrays).
     gather: data.GatherInput when the replicas gather arrays in-graph (the loops
       then take no iterator), else None.
+    gather_eval: gather eval arrays in-graph too (--array_input=gather).
   """
   task: Task
   objective: Objective
@@ -75,12 +79,14 @@ class Trainer:
   eval_loop: object
   gather: object
   _stop_vote: object
+  gather_eval: bool = False
+  _eval_loops: dict = dataclasses.field(default_factory=dict)
 
   @classmethod
   def build(cls, *, task: Task, strategy, cluster: Cluster, train_data: TaskData,
             optimization: OptimizationConfig, order: Order,
             per_replica_batch_size: int, seed: int, train_steps: int,
-            gather: bool, keep_gradients: bool = False,
+            gather: bool, gather_eval: bool = False, keep_gradients: bool = False,
             record_every: int = 0) -> "Trainer":
     """Builds the model, optimizer (built in scope, before any step), step and
     loops.
@@ -96,6 +102,7 @@ class Trainer:
       seed: Keras' seed before build_model.
       train_steps: --train_steps (where the schedule's decay ends by default).
       gather: gather arrays in-graph when they allow it (--array_input=gather).
+      gather_eval: the same for eval splits.
       keep_gradients: keep a copy of each update's gradients (histograms).
       record_every: a history row every this many steps inside loop calls
         (summary points; 0: none).
@@ -118,7 +125,7 @@ class Trainer:
       global_step, ledgers, totals = _counters(strategy, metric_names)
     gather_input = train_data.gather_input(
         strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,
-        preprocess=task.preprocess) if gather else None
+        preprocess=steps.graph_code(task.preprocess)) if gather else None
     train = TrainLoop(
         strategy=strategy, objective=objective, model=model, optimizer=optimizer,
         global_step=global_step, ledger=ledgers[0], totals=totals[0],
@@ -126,9 +133,10 @@ class Trainer:
         global_batch_size=order.global_batch_size,
         jit_compile=optimization.jit_compile, rule=rule, gather=gather_input,
         record_every=record_every)
-    eval_loop = steps.make_eval_loop(
-        strategy=strategy, objective=objective, model=model, ledger=ledgers[1],
-        totals=totals[1], per_replica_batch_size=per_replica_batch_size)
+    eval_loop = functools.partial(
+        steps.make_eval_loop, strategy=strategy, objective=objective, model=model,
+        ledger=ledgers[1], totals=totals[1],
+        per_replica_batch_size=per_replica_batch_size)
     return cls(task=task, objective=objective, strategy=strategy, cluster=cluster,
                model=model, optimizer=optimizer, global_step=global_step, rule=rule,
                eval_with_ema=optimization.eval_with_ema, metric_names=metric_names,
@@ -140,7 +148,7 @@ class Trainer:
                train_totals=totals[0], eval_totals=totals[1], train_loop=train.loop,
                history_columns=train.history_columns,
                diagnose_step=train.diagnose, eval_loop=eval_loop, gather=gather_input,
-               _stop_vote=steps.make_stop_vote(strategy))
+               _stop_vote=steps.make_stop_vote(strategy), gather_eval=gather_eval)
 
   @property
   def step(self) -> int:
@@ -225,14 +233,22 @@ class Trainer:
         variable.assign(average)
 
   def train_iterator(self, train_data: TaskData):
-    """The distributed iterator of training batches from the global step; None
-    when the replicas gather their batches in-graph."""
-    if self.gather is not None:
-      return None
+    """What the train loop reads from the global step on: the distributed
+    iterator of training batches; with in-graph gathering, None (arrays: the
+    order is computed in-graph) or a host iterator of ids (decoded records)."""
     # Each update reads --grad_accum_steps global batches of the stream.
+    if self.gather is not None:
+      return self.gather.iterator(self.step * self.accum_steps)
     return iter(train_data.train_input(
         self.strategy, self.cluster, self.order,
         start_step=self.step * self.accum_steps, preprocess=self.task.preprocess))
+
+  def loop_input(self, iterator, num_steps: int):
+    """What a train loop (or diagnose) call of `num_steps` updates takes as its
+    iterator, given `train_iterator`'s."""
+    if self.gather is None:
+      return iterator
+    return self.gather.loop_input(iterator, num_steps * self.accum_steps)
 
   def run_train_loop(self, train_data: TaskData, iterator, num_steps,
                      *, step: int) -> dict:
@@ -246,7 +262,7 @@ class Trainer:
     per_step = (self.accum_steps * self.global_batch_size
                 // self.cluster.num_pipelines)
     outputs = steps.call_checked(
-        self.train_loop, iterator, num_steps,
+        self.train_loop, self.loop_input(iterator, int(num_steps)), num_steps,
         explain_input_error=lambda e: train_data.explain_error(
             e, self.cluster, split="train", step=step, order=self.order,
             position=step * per_step, records=int(num_steps) * per_step))
@@ -277,12 +293,17 @@ class Trainer:
     Raises:
       ReplicaBatchError: a replica did not get exactly one full batch per step.
     """
-    dataset, num_batches = eval_data.eval_input(
-        self.strategy, self.cluster, global_batch_size=self.global_batch_size,
-        preprocess=self.task.preprocess)
+    loop, gather = self._eval_loop_of(eval_data)
+    if gather is None:
+      dataset, num_batches = eval_data.eval_input(
+          self.strategy, self.cluster, global_batch_size=self.global_batch_size,
+          preprocess=self.task.preprocess)
+      iterator = iter(dataset)
+    else:
+      iterator, num_batches = None, gather.eval_steps
     with self.evaluated_weights():
       streaming = steps.call_checked(
-          self.eval_loop, iter(dataset), tf.constant(num_batches),
+          loop, iterator, tf.constant(num_batches),
           explain_input_error=lambda e: eval_data.explain_error(
               e, self.cluster, split="eval", step=self.step))
     self.eval_ledger.check(expected_batches=num_batches,
@@ -297,6 +318,23 @@ class Trainer:
     reported = self.objective.report(means, sums=dict(sums, weight=weight),
                                      examples=examples, streaming=streaming)
     return dict(reported, examples=examples)
+
+
+  def _eval_loop_of(self, eval_data: TaskData) -> tuple:
+    """(eval loop, data.GatherInput or None) for an eval split, built at its
+    first evaluation: arrays are gathered in-graph where training's are (no
+    iterator to build per evaluation, no get_next per step)."""
+    key = id(eval_data)
+    if key not in self._eval_loops:
+      gather = None
+      if self.gather_eval:
+        gather = eval_data.gather_input(
+            self.strategy, self.cluster, None,
+            per_replica_batch_size=self.per_replica_batch_size,
+            preprocess=steps.graph_code(self.task.preprocess))
+      # eval_data is kept with its loop, so its id is not reused.
+      self._eval_loops[key] = (self.eval_loop(gather=gather), gather, eval_data)
+    return self._eval_loops[key][:2]
 
 
 def _mean(total: float, count: float) -> float:

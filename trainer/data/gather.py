@@ -1,0 +1,185 @@
+"""In-graph gathering: data held in memory, copied to every replica's device, each
+replica gathering its own batch inside `strategy.run`.
+
+A distributed iterator costs every step a host round of `get_next` across the
+replicas' devices (a third of a small model's step on CPUs); data held in memory
+needs none of it. Replica r of micro-step s gathers the positions
+`[s*B + r*b, s*B + (r+1)*b)` of the data's order, where b is the per-replica
+batch: exactly the examples `experimental_distribute_dataset` (or, per worker,
+`distribute_datasets_from_function`) gives replica r, so both paths train
+bit-identically (tests/test_gather.py). The batch assertion and the ledger run on
+the gathered batch as on an iterator's.
+
+The order is either computed in-graph (arrays: a stateless permutation of
+(seed, step)), or the ids of a tf.data stream of indices read on the host before
+each loop call (decoded TFRecords, a dataset held in memory: a seeded shuffle and
+an interleave order indices as they would the elements). An eval split is read in
+its own order, padded to whole global batches with weight-0 copies.
+"""
+
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+ID_CHUNK = 256  # Micro-steps of ids per host get_next (GatherInput with ids).
+MAX_GATHER_BYTES = 2**30  # Larger data keeps the tf.data path (a copy per device).
+
+
+class GatherInput:
+  """Data held in memory on every replica's device, each replica gathering its
+  batch of a micro-step in the training order (`index_of` in-graph, or the
+  host's `ids`), or of an eval split in its order, padded to whole global
+  batches."""
+
+  def __init__(self, *, strategy, data, per_replica_batch_size: int, preprocess,
+               index_of: Optional[Callable] = None, ids: Optional[Callable] = None,
+               local_replicas: int = 1):
+    """Copies the arrays to every replica's device.
+
+    Args:
+      strategy: the run's strategy (its scope mirrors the copies).
+      data: an ArrayData: the training examples, or an eval split's.
+      per_replica_batch_size: examples per replica per micro-step.
+      preprocess: the task's map from a batch of stored features to model inputs.
+      index_of: `positions -> indices into data` of the training order (the
+        arrays' permutation, computed in-graph). With neither it nor `ids`, the
+        data is an eval split: global step s reads its positions [s*B, (s+1)*B),
+        those past its end as weight-0 copies of its last example.
+      ids: for data whose order is a tf.data stream (decoded TFRecords, a
+        dataset held in memory): `start_step -> dataset` of each micro-step's
+        ids into `data` for this worker's replicas, `local_replicas` x
+        per_replica_batch_size each, read on the host before each loop call
+        (`iterator`, `loop_input`).
+      local_replicas: this worker's replicas (with `ids`).
+    """
+    self._ids, self._local_replicas = ids, local_replicas
+    if ids is not None:
+      # The ids of a loop call's micro-steps, set from the host before the call
+      # (`loop_input`): the loop reads them in-graph with no get_next (which
+      # costs about a fifth of a small model's step). This worker's own, not
+      # checkpointed: a resume builds a new iterator from its step.
+      per_step = local_replicas * per_replica_batch_size
+      self._call_ids = tf.Variable(tf.zeros([0, per_step], tf.int64),
+                                   shape=[None, per_step], trainable=False,
+                                   name="call_ids")
+      self._cursor = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                 name="call_ids_cursor")
+    self._index_of = index_of
+    self._evaluating = index_of is None and ids is None
+    self._per_replica = per_replica_batch_size
+    self._global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
+    self._num_examples = data.num_examples
+    self._preprocess = preprocess
+    # One copy per replica device, made locally on every worker (each has the
+    # same arrays): not variables, which multi-worker would broadcast (and
+    # collectives have no uint8).
+    arrays, devices = data._arrays, strategy.extended.worker_devices  # noqa: SLF001
+
+    def on_replica_device(context):  # Not placed by the strategy itself.
+      with tf.device(devices[context.replica_id_in_sync_group % len(devices)]):
+        return tf.nest.map_structure(tf.constant, arrays)
+
+    self.arrays = strategy.experimental_distribute_values_from_function(
+        on_replica_device)
+
+  @property
+  def eval_steps(self) -> int:
+    """Global steps that read an eval split once (the last one padded)."""
+    return -(-self._num_examples // self._global_batch)
+
+  def iterator(self, start_step: int):
+    """The host's reader of micro-step ids from `start_step` (what the trainer
+    holds as its iterator), or None when the order is computed in-graph."""
+    if self._ids is None:
+      return None
+    return _IdReader(self._ids(start_step))
+
+  def loop_input(self, reader, micro_steps: int):
+    """What a loop call of `micro_steps` takes as its iterator: None, after
+    setting the call's ids from `reader` (with ids)."""
+    if reader is not None:
+      self._call_ids.assign(reader.take(micro_steps))
+      self._cursor.assign(0)
+    return None
+
+  def step_input(self, iterator, micro_step):
+    """What `replica_batch` reads micro-step `micro_step` by, in the loop's
+    cross-replica context: the micro-step, or its ids (the call's next row)."""
+    del iterator  # None: the ids were set before the call.
+    if self._ids is None:
+      return micro_step
+    row = self._cursor.assign_add(1) - 1
+    return tf.gather(self._call_ids.read_value(), row)
+
+  def replica_batch(self, step_input, arrays):
+    """This replica's (features, labels, weights) of one micro-step (its
+    `step_input`), from its copy `arrays` of the data (`self.arrays`, passed
+    through strategy.run), and for an eval split the padding mask (1 for a real
+    example, 0 for a copy); call in a replica context."""
+    replica = tf.cast(
+        tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+    if self._ids is not None:
+      # distribute_datasets_from_function's order: a worker's local replica k
+      # takes the k-th per-replica batch of its pipeline's step.
+      local = replica % self._local_replicas
+      index = step_input[local * self._per_replica:(local + 1) * self._per_replica]
+      return self._batch(arrays, index)
+    first = (tf.cast(step_input, tf.int64) * self._global_batch
+             + replica * self._per_replica)
+    positions = tf.range(first, first + self._per_replica)
+    if self._evaluating:
+      index = tf.minimum(positions, self._num_examples - 1)
+    else:
+      index = self._index_of(positions)
+    batch = self._batch(arrays, index)
+    if self._evaluating:
+      batch += (tf.cast(positions < self._num_examples, tf.float32),)
+    return batch
+
+  def _batch(self, arrays, index) -> tuple:
+    """(preprocessed features, labels, weights) of the examples at `index`."""
+    features = tf.nest.map_structure(lambda a: tf.gather(a, index), arrays[0])
+    weights = None if len(arrays) == 2 else tf.cast(arrays[2], tf.float32)
+    return (self._preprocess(features),
+            *labels_and_weights(arrays[1], weights, index))
+
+
+class _IdReader:
+  """Micro-steps' ids from a tf.data stream, read on the host ID_CHUNK at a
+  time (one eager get_next per chunk)."""
+
+  def __init__(self, dataset: tf.data.Dataset):
+    self._chunks = iter(dataset.batch(ID_CHUNK).prefetch(1))
+    self._pending = None
+
+  def take(self, micro_steps: int) -> np.ndarray:
+    """The next `micro_steps` rows of ids."""
+    parts, have = [], 0
+    while have < micro_steps:
+      if self._pending is None or not len(self._pending):
+        self._pending = next(self._chunks).numpy()
+      part = self._pending[:micro_steps - have]
+      self._pending = self._pending[len(part):]
+      parts.append(part)
+      have += len(part)
+    return np.concatenate(parts)
+
+
+def fits_in_memory(element_spec, count: int) -> bool:
+  """Whether `count` elements of `element_spec` are numbers of known shapes that
+  take at most MAX_GATHER_BYTES."""
+  specs = tf.nest.flatten(element_spec)
+  if any(s.dtype == tf.string or not s.shape.is_fully_defined() for s in specs):
+    return False
+  return count * sum(s.shape.num_elements() * s.dtype.size
+                     for s in specs) <= MAX_GATHER_BYTES
+
+
+@tf.autograph.experimental.do_not_convert
+def labels_and_weights(labels, weights, index) -> tuple:
+  """The labels at `index`, and their weights (ones where the task gave none)."""
+  taken = tf.nest.map_structure(lambda a: tf.gather(a, index), labels)
+  if weights is None:
+    return taken, tf.ones(tf.shape(index)[:1], tf.float32)
+  return taken, tf.gather(weights, index)
