@@ -325,8 +325,8 @@ class _BranchyQuadratic(user_tasks.Quadratic):
 
 def test_a_tasks_python_control_flow_on_tensors_is_converted(tmp_path):
   flags = dict(optimizer="sgd", learning_rate=0.05, train_steps=6, cpu_devices=2,
-               per_replica_batch_size=16, grad_accum_steps=2, deterministic=True,
-               summaries=False, mode="train_and_eval")
+               per_replica_batch_size=16, grad_accum_steps=2, summaries=False,
+               mode="train_and_eval")  # Not --deterministic: in-process, for good.
   branchy = trainer.train(Config(model_dir=str(tmp_path / "branchy"), **flags),
                           task=_BranchyQuadratic(hidden=8))
   plain = trainer.train(Config(model_dir=str(tmp_path / "plain"), **flags),
