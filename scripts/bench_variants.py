@@ -51,23 +51,13 @@ import sys
 import tempfile
 import time
 
-import psutil
-
 from trainer import tf_loader
+from trainer.outputs.process_stats import peak_rss_mib, seconds_since_process_start
 
 VARIANTS = ("trainer", "trainer_quiet", "trainer_dataset", "seed_loop", "k_loop",
             "k_loop_outside", "keras_fit", "single_device", "orbit", "pipeline",
             "keras_fit_records", "trainer_tfdata", "keras_fit_tfdata", "trainer_eval",
             "keras_evaluate")
-
-
-def _since_process_start():
-  return time.time() - psutil.Process().create_time()
-
-
-def _peak_rss_mib():
-  import resource
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def variant_config(args, **overrides):
@@ -91,7 +81,7 @@ def variant_config(args, **overrides):
 def _windows(run_window, args):
   """Runs warm-up and timed windows; returns (examples/s per window, ttfs)."""
   run_window()  # Traces.
-  ttfs = _since_process_start()
+  ttfs = seconds_since_process_start()
   for _ in range(args.warmup_windows):
     run_window()
   rates = []
@@ -195,7 +185,7 @@ def run_keras_evaluate(args):
     rates.append(len(x) / (time.perf_counter() - start))
   return {"examples_per_second": statistics.median(rates), "windows": rates,
           "eval_examples": len(x), "first_call_examples_per_second": len(x) / first,
-          "time_to_first_call_s": _since_process_start()}
+          "time_to_first_call_s": seconds_since_process_start()}
 
 
 def _usual_records_pipeline(args, task, config):
@@ -393,7 +383,7 @@ def run_keras_fit(args, pipeline=None):
         float(logs["loss"])  # Sync: the window's work is done.
         marks.append(time.perf_counter())
         if not first:
-          first.append(_since_process_start())
+          first.append(seconds_since_process_start())
 
   model = _compiled_keras_model(config, task, strategy, e)
   windows = 1 + args.warmup_windows + args.windows
@@ -473,7 +463,7 @@ def main():
     # Reported, not raised: e.g. Keras fit with steps_per_execution > 1 under
     # MirroredStrategy fails in Keras 3.15, and the driver then retries with 1.
     result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-  result.update(variant=args.variant, peak_rss_mib=round(_peak_rss_mib(), 1))
+  result.update(variant=args.variant, peak_rss_mib=round(peak_rss_mib(), 1))
   print("BENCHMARK_RESULT " + json.dumps(result), flush=True)
   return 0 if "error" not in result else 1
 

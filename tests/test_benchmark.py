@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -111,3 +112,16 @@ def test_sections_report_each_ratio_against_its_target():
   assert "  eval / keras_evaluate = -" in lines  # A side failed: no ratio.
   assert "  eval / train = 1.20 (target >= 1.5: not met)" in lines
   assert "  startup_minus_import_s = 0.80 (target <= 1.0: met)" in lines
+
+
+def test_a_process_knows_its_age_to_the_clock_tick():
+  # results.json's time_to_first_step_s and the benchmarks' start-up use it. A
+  # process's age from psutil's create_time() carries the boot time's fraction
+  # of a second (Linux gives it in whole seconds): up to 1 s too old.
+  script = ("import time\nfrom trainer.outputs.process_stats import "
+            "seconds_since_process_start as age\nprint(time.monotonic(), age())")
+  before = time.monotonic()
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=120, check=True)
+  now, age = map(float, result.stdout.split())
+  assert 0 < age <= now - before + 0.02  # It started after `before`; 10 ms ticks.

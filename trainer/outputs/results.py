@@ -2,24 +2,14 @@
 
 import os
 import platform
-import resource
 import statistics
 import time
 from typing import Optional
 
-import psutil
 import tensorflow as tf
 
 from trainer.outputs import run_dir
-
-
-def peak_rss_mib() -> float:
-  """Peak resident memory of this process so far, in MiB (Linux reports KiB)."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def seconds_since_process_start() -> float:
-  return time.time() - psutil.Process().create_time()
+from trainer.outputs.process_stats import peak_rss_mib, seconds_since_process_start
 
 
 # Measured by an invocation; kept from results.json until this one measures them,
