@@ -191,3 +191,33 @@ def test_a_bad_record_is_looked_for_in_every_block_a_loop_call_read(files):
   assert len(one_record) == 4  # Its block, and the next (prefetched).
   epoch = shard.files_read(0, 36, order)
   assert sorted(epoch) == sorted(shard.paths)  # Every file, once.
+
+
+@pytest.mark.parametrize("num_pipelines", [1, 2, 3])
+def test_the_id_stream_orders_records_as_the_record_stream(files, num_pipelines):
+  # Decoded into memory, records are read by ids: each id must be the record the
+  # stream of records gives at that position, from any start.
+  starts = np.cumsum((0,) + RECORDS_PER_FILE)  # A record's value: its identity.
+  order = data.Order(global_batch_size=4, seed=3, shuffle=True, buffer=5)
+  for pipeline in range(num_pipelines):
+    shard = _records(files).shard(num_pipelines, pipeline)
+    held = [v for i in shard.files for v in range(starts[i], starts[i + 1])]
+    for position in (0, 7, 40):
+      ids = shard.train_stream(order, position=position, ids=True).take(50)
+      assert [held[int(i)] for i in ids] == _values(
+          shard.train_stream(order, position=position), 50)
+
+
+def test_records_are_held_in_memory_only_where_parse_reads_the_same_twice(files):
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+  order = data.Order(global_batch_size=4, seed=3, shuffle=True, buffer=5)
+
+  def noisy(serialized):
+    value, label = _parse(serialized)
+    return value + tf.random.uniform([], maxval=2, dtype=tf.int64), label
+
+  held = {name: _records(files, parse=parse).gather_input(
+      strategy, Cluster(num_replicas=1), order, per_replica_batch_size=4,
+      preprocess=lambda f: f) is not None
+          for name, parse in (("plain", _parse), ("noisy", noisy))}
+  assert held == {"plain": True, "noisy": False}

@@ -106,6 +106,12 @@ def test_two_workers_read_their_own_shards_and_resume_bit_exact(shards, tmp_path
   resumed = launch(split, *args, "--train_steps=60", tmpdir=tmp_path)
   assert resumed.returncode == 0 and "resuming at step 30" in resumed.stdout
   assert_bit_identical(straight, split)
+  # Each worker's records decoded into memory (the default) train as they do read
+  # by tf.data as training goes.
+  streamed = str(tmp_path / "streamed")
+  assert launch(streamed, *args, "--train_steps=60", "--array_input=dataset",
+                tmpdir=tmp_path).returncode == 0
+  assert_bit_identical(straight, streamed)
 
 
 def _rewrite(folder, name, change):

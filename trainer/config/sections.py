@@ -148,11 +148,12 @@ class InputConfig:
   array_input: str = field(
       "gather", "How data held in memory reaches the replicas: gather (each "
       "replica gathers its batch in-graph from a copy of the arrays on its device, "
-      "by (seed, step, replica): no distributed iterator; TFRecord files are "
-      "decoded into memory once, before training, and gathered in the order "
-      "tf.data would read them; eval splits too) or dataset (tf.data and a "
-      "distributed iterator). The same examples either way; data over 1 GiB "
-      "(decoded), text, and records sharded by record always use dataset.",
+      "by (seed, step, replica): no distributed iterator; TFRecord files and "
+      "tf.data datasets that fit and read the same twice are read into memory "
+      "once, before training, and gathered in the order tf.data would give; eval "
+      "splits too, on one worker for files and datasets) or dataset (tf.data and "
+      "a distributed iterator). The same examples either way; data over 1 GiB "
+      "(decoded) or text always uses dataset (docs/data.md says when else).",
       choices=ARRAY_INPUTS)
 
   def batch_sizes(self, num_replicas: int, *, exact: bool = True) -> tuple:

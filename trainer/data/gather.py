@@ -110,7 +110,11 @@ class GatherInput:
     if self._ids is None:
       return micro_step
     row = self._cursor.assign_add(1) - 1
-    return tf.gather(self._call_ids.read_value(), row)
+    ids = self._call_ids.read_value()
+    # A call past the ids set for it would gather nothing on some devices.
+    tf.debugging.assert_less(row, tf.shape(ids, out_type=tf.int64)[0],
+                             message="a loop call read more steps than loop_input set")
+    return tf.gather(ids, row)
 
   def replica_batch(self, step_input, arrays):
     """This replica's (features, labels, weights) of one micro-step (its

@@ -157,19 +157,33 @@ class TFRecords(streams.PerPipeline):
   def gather_input(self, strategy, cluster, order, *, per_replica_batch_size,
                    preprocess):
     """This pipeline's records decoded once into memory and gathered in-graph,
-    in the order the stream would read them (`order`; None: an eval split), or
-    None where they would not fit (gather.MAX_GATHER_BYTES), hold text, are
-    sharded by record, or are an eval split of several pipelines (padded to
-    the same count on every worker)."""
+    in the order the stream would read them (`order`; None: an eval split, in
+    the order `pipeline_examples` reads it), or None where the largest
+    pipeline's would not fit (gather.MAX_GATHER_BYTES: every worker takes the
+    same path) or hold text, where `parse` may give other values on a second
+    read (streams.varies_between_reads: random augmentation), where records
+    are sharded by record, where a worker has several replicas, or for an eval
+    split of several pipelines (padded to the same count on every worker).
+
+    Raises:
+      DataError: a bad record, named (the records are all read now).
+    """
     shard = self._own_shard(cluster)
-    if (shard.record_level or (order is None and cluster.num_pipelines > 1) or
-        not gather.fits_in_memory(self.element_spec, shard.num_examples)):
+    largest = max(self.shard(cluster.num_pipelines, p).num_examples
+                  for p in range(cluster.num_pipelines))
+    if (shard.record_level or
+        (cluster.num_pipelines > 1 and (order is None or cluster.local_replicas > 1))
+        or not gather.fits_in_memory(self.element_spec, largest) or
+        streams.varies_between_reads(self._parsed(self.paths[:1]))):
       return None
-    decoded = self._decoded(shard)
     if order is None:
-      return gather.GatherInput(strategy=strategy, data=decoded,
-                                per_replica_batch_size=per_replica_batch_size,
-                                preprocess=preprocess)
+      return gather.GatherInput(
+          strategy=strategy, per_replica_batch_size=per_replica_batch_size,
+          preprocess=preprocess, data=self._decoded(
+              shard, lambda: self.pipeline_examples(tf.distribute.InputContext())))
+    paths = [self.paths[i] for i in shard.files]
+    decoded = self._decoded(shard, lambda: self.parsed(
+        tf.data.TFRecordDataset(paths), batch_size=256))
     per_step = cluster.local_replicas * per_replica_batch_size
 
     def ids(start_step):
@@ -181,19 +195,17 @@ class TFRecords(streams.PerPipeline):
                               preprocess=preprocess, ids=ids,
                               local_replicas=cluster.local_replicas)
 
-  def _decoded(self, shard: Shard) -> arrays.ArrayData:
-    """A pipeline's records, parsed, as arrays in the order of its files.
+  def _decoded(self, shard: Shard, records) -> arrays.ArrayData:
+    """`records()`, a dataset of a pipeline's parsed records, as arrays.
 
     Raises:
-      DataError: a record that cannot be read or parsed, named.
+      DataError: a record that cannot be read or parsed, named; or a count other
+        than the index's.
     """
-    paths = [self.paths[i] for i in shard.files]
     try:
-      return arrays.read_into_memory(
-          self.parsed(tf.data.TFRecordDataset(paths), batch_size=256),
-          what=self.flag)
+      decoded = arrays.read_into_memory(records(), what=self.flag)
     except tf.errors.OpError:
-      for path in paths:
+      for path in (self.paths[i] for i in shard.files):
         found = record_files.bad_record(path, parse=self.parsed)
         if found:
           raise DataError(f"{self.flag}: bad record in {found} (found while "
@@ -201,6 +213,11 @@ class TFRecords(streams.PerPipeline):
                           "--array_input=dataset reads them as it trains)"
                           ) from None
       raise
+    if decoded.num_examples != shard.num_examples:
+      raise DataError(f"{self.flag}: read {decoded.num_examples} records where the "
+                      f"index counts {shard.num_examples}; rewrite the index "
+                      "(scripts/make_tfrecords.py --index)")
+    return decoded
 
   def explain_error(self, error, cluster, *, split, step, order=None, position=0,
                     records=0):

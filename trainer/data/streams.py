@@ -20,9 +20,11 @@ of batches, so every worker runs the same number of eval steps.
 """
 
 import dataclasses
+import re
 from typing import Callable, Optional
 
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry  # Is an op stateful?
 
 from trainer.data import arrays, base, gather
 from trainer.errors import DataError
@@ -224,19 +226,35 @@ class StreamData(base.TaskData):
                               local_replicas=strategy.num_replicas_in_sync)
 
 
-# Ops after which reading a dataset again may give other elements.
+# Ops after which reading a dataset again may give other elements, besides every
+# stateful op that is not a dataset's source (a variable read, a random op), nor
+# one that only checks or prints (the same values either way).
 _VARYING_OPS = ("Random", "Shuffle", "PyFunc", "Generator")
+_DATASET_OP = re.compile(r"Dataset(V\d+)?$")
+_CHECKS = ("Assert", "Print", "PrintV2")
 
 
 def varies_between_reads(dataset: tf.data.Dataset) -> bool:
   """Whether reading `dataset` again may give other elements: its graph has a
-  random or shuffling op, or runs Python (a generator, a py_function)."""
-  serialized = dataset._as_serialized_graph(  # noqa: SLF001 (no public way)
-      external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
-  graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
-  ops = [node.op for node in graph.node] + [
-      node.op for function in graph.library.function for node in function.node_def]
-  return any(word in op for op in ops for word in _VARYING_OPS)
+  random or shuffling op, a stateful op (a variable, a random generator), or
+  runs Python (a generator, a py_function); also where the graph cannot be read
+  (over protobuf's 2 GiB: such data is not held in memory either)."""
+  try:
+    serialized = dataset._as_serialized_graph(  # noqa: SLF001 (no public way)
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
+    graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
+  except (tf.errors.OpError, ValueError, MemoryError):
+    return True
+  ops = {node.op for node in graph.node} | {
+      node.op for function in graph.library.function for node in function.node_def}
+  for op in ops:
+    definition = op_def_registry.get(op)
+    if any(word in op for word in _VARYING_OPS) or (
+        definition is not None and definition.is_stateful and
+        not _DATASET_OP.search(op) and not op.startswith("_") and
+        op not in _CHECKS):
+      return True
+  return False
 
 
 @dataclasses.dataclass

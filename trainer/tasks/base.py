@@ -224,9 +224,10 @@ class Task:
     return means
 
   def preprocess(self, features):
-    """Maps stored features to model inputs (runs in the input pipeline, or for
-    arrays under --array_input=gather on each replica's batch inside the train
-    step, and in the exported serving function): keep it per-example, with no
+    """Maps stored features to model inputs (runs in the input pipeline, or, for
+    data held in memory under --array_input=gather (arrays, and TFRecords and
+    datasets that fit), on each replica's batch inside the train and eval steps;
+    and in the exported serving function): keep it per-example, with no
     Python-side or random work (use --array_input=dataset for that). The default
     returns them unchanged."""
     return features

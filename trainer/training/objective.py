@@ -51,6 +51,8 @@ class Objective:
     self.streaming = streaming
     self._updates = [(graph_code(metric.update_state), key)
                      for metric, key in streaming.values()]
+    self._results = {name: graph_code(metric.result)
+                     for name, (metric, _) in streaming.items()}
     # The streaming metrics with one value (not a matrix): set by the probe.
     self.scalar_streaming = ()
     self._class_weight = class_weight_table(
@@ -96,8 +98,8 @@ class Objective:
   def streaming_results(self) -> dict:
     """{name: result()} of the streaming metrics, merged over every replica (in a
     cross-replica context: under multi-worker, a collective)."""
-    return {name: tf.cast(metric.result(), tf.float32)
-            for name, (metric, _) in self.streaming.items()}
+    return {name: tf.cast(result(), tf.float32)
+            for name, result in self._results.items()}
 
   def report(self, means: dict, *, sums: dict, examples, streaming: dict) -> dict:
     """What a loop call or an evaluation reports: `Task.finalize_metrics` of the

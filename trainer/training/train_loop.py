@@ -1,8 +1,9 @@
 """The compiled train loop: K steps per call (K a tensor, so changing K never
 retraces), each one update of the model.
 
-One (micro-)step is one `next(iterator)` on the distributed iterator (or, for
-arrays, one in-graph gather per replica: data.GatherInput) and one `strategy.run`:
+One (micro-)step is one `next(iterator)` on the distributed iterator (or, for data
+held in memory, one in-graph gather per replica: data.GatherInput) and one
+`strategy.run`:
 every replica gets exactly one batch, asserted in-graph and counted by the ledger.
 Gradients come back from the replicas unreduced; the outer function all-reduces
 them once (`batch_reduce_to`, SUM, which equals single-device gradients because
@@ -134,8 +135,9 @@ class TrainLoop:
       global_batch_size: examples per micro-step over all replicas.
       jit_compile: compile the replica's forward and backward pass with XLA.
       rule: accumulation, clipping, the learning-rate schedule and EMA.
-      gather: a data.GatherInput: each replica gathers its batch in-graph from the
-        global step (the loops' `iterator` is then None), instead of next().
+      gather: a data.GatherInput: each replica gathers its batch in-graph, by the
+        global step or by the ids set before the call (the loops' `iterator` is
+        then `Trainer.loop_input`'s None), instead of next().
       record_every: a history row every this many global steps (0: none). The
         same on every worker: reading the sums is a collective.
     """
