@@ -212,7 +212,10 @@ def test_profile_steps_write_a_trace_and_where_a_step_went(model_dir, capsys):
   # forward and backward passes, their gradients' sum and the update.
   for part in ("input", "forward_backward", "all_reduce", "optimizer"):
     assert breakdown["ops_per_step"][part] > 0, (part, breakdown["ops_per_step"])
-  assert ops["forward_backward"] == max(ops.values()) > 0
+  # Which part took the most op time depends on the machine's load (a copy that
+  # waited for the other test process counted 0.74 ms a step in CI): only that
+  # the parts took some.
+  assert all(ops[part] > 0 for part in ("input", "forward_backward", "optimizer"))
   assert "profile of 4 steps: " in capsys.readouterr().out
   # A step marker per loop call (the Profile tab's Overview page), numbered by
   # the call's last step.
