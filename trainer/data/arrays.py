@@ -80,9 +80,8 @@ class ArrayData(base.TaskData):
 
     def take(positions):
       index = example_indices(positions, num_examples=n, order=order)
-      taken = tf.nest.map_structure(lambda a: tf.gather(a, index), features)
-      return (taken if preprocess is None else preprocess(taken),
-              *gather.labels_and_weights(labels, weights, index))
+      return gather.examples_at(features, labels, weights, index,
+                                preprocess=preprocess)
 
     dataset = tf.data.Dataset.range(start_step * batch, _ENDLESS)
     dataset = dataset.batch(batch, drop_remainder=True)
@@ -101,11 +100,9 @@ class ArrayData(base.TaskData):
     features, labels, weights = self._tensors()
 
     def take(positions):
-      index = tf.minimum(positions, n - 1)  # Padding repeats the last example...
-      padding = tf.cast(positions < n, tf.float32)  # ...with weight 0.
-      taken = tf.nest.map_structure(lambda a: tf.gather(a, index), features)
-      return (preprocess(taken), *gather.labels_and_weights(labels, weights, index),
-              padding)
+      index, padding = gather.eval_positions(positions, n)
+      return (*gather.examples_at(features, labels, weights, index,
+                                  preprocess=preprocess), padding)
 
     dataset = tf.data.Dataset.range(num_batches * global_batch_size)
     dataset = dataset.batch(global_batch_size, drop_remainder=True)

@@ -133,20 +133,15 @@ class GatherInput:
              + replica * self._per_replica)
     positions = tf.range(first, first + self._per_replica)
     if self._evaluating:
-      index = tf.minimum(positions, self._num_examples - 1)
-    else:
-      index = self._index_of(positions)
-    batch = self._batch(arrays, index)
-    if self._evaluating:
-      batch += (tf.cast(positions < self._num_examples, tf.float32),)
-    return batch
+      index, padding = eval_positions(positions, self._num_examples)
+      return (*self._batch(arrays, index), padding)
+    return self._batch(arrays, self._index_of(positions))
 
   def _batch(self, arrays, index) -> tuple:
     """(preprocessed features, labels, weights) of the examples at `index`."""
-    features = tf.nest.map_structure(lambda a: tf.gather(a, index), arrays[0])
     weights = None if len(arrays) == 2 else tf.cast(arrays[2], tf.float32)
-    return (self._preprocess(features),
-            *labels_and_weights(arrays[1], weights, index))
+    return examples_at(arrays[0], arrays[1], weights, index,
+                       preprocess=self._preprocess)
 
 
 class _IdReader:
@@ -181,9 +176,19 @@ def fits_in_memory(element_spec, count: int) -> bool:
 
 
 @tf.autograph.experimental.do_not_convert
-def labels_and_weights(labels, weights, index) -> tuple:
-  """The labels at `index`, and their weights (ones where the task gave none)."""
-  taken = tf.nest.map_structure(lambda a: tf.gather(a, index), labels)
-  if weights is None:
-    return taken, tf.ones(tf.shape(index)[:1], tf.float32)
-  return taken, tf.gather(weights, index)
+def examples_at(features, labels, weights, index, *, preprocess=None) -> tuple:
+  """(features, labels, weights) of the examples at `index`: the features
+  through `preprocess` (when given), the weights ones where there are none."""
+  taken = tf.nest.map_structure(lambda a: tf.gather(a, index), (features, labels))
+  weights = (tf.ones(tf.shape(index)[:1], tf.float32) if weights is None
+             else tf.gather(weights, index))
+  return (taken[0] if preprocess is None else preprocess(taken[0]), taken[1],
+          weights)
+
+
+@tf.autograph.experimental.do_not_convert
+def eval_positions(positions, num_examples: int) -> tuple:
+  """(index, padding) of an eval split's stream `positions`: past its end, copies
+  of its last example with padding 0 (they count for nothing), else 1."""
+  return (tf.minimum(positions, num_examples - 1),
+          tf.cast(positions < num_examples, tf.float32))

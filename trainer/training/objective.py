@@ -48,6 +48,8 @@ class Objective:
       loss = loss.call  # Per-example values, not their reduction.
     # The loops are traced without AutoGraph; the task's code is converted.
     self._loss, self._metrics = graph_code(loss), graph_code(task.metrics)
+    # Task.preprocess as the gathered input calls it inside the loops.
+    self.preprocess = graph_code(task.preprocess)
     self.streaming = streaming
     self._updates = [(graph_code(metric.update_state), key)
                      for metric, key in streaming.values()]

@@ -125,7 +125,7 @@ class Trainer:
       global_step, ledgers, totals = _counters(strategy, metric_names)
     gather_input = train_data.gather_input(
         strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,
-        preprocess=steps.graph_code(task.preprocess)) if gather else None
+        preprocess=objective.preprocess) if gather else None
     train = TrainLoop(
         strategy=strategy, objective=objective, model=model, optimizer=optimizer,
         global_step=global_step, ledger=ledgers[0], totals=totals[0],
@@ -331,7 +331,7 @@ class Trainer:
         gather = eval_data.gather_input(
             self.strategy, self.cluster, None,
             per_replica_batch_size=self.per_replica_batch_size,
-            preprocess=steps.graph_code(self.task.preprocess))
+            preprocess=self.objective.preprocess)
       # eval_data is kept with its loop, so its id is not reused.
       self._eval_loops[key] = (self.eval_loop(gather=gather), gather, eval_data)
     return self._eval_loops[key][:2]
