@@ -6,9 +6,11 @@ import dataclasses
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.python.eager import context as eager_context
 
 from trainer.errors import ReplicaBatchError
-from trainer.training import setup, steps
+from trainer.training import graph_passes, setup, steps
 
 from conftest import float_values
 from presets import MLP_SGD, config, train
@@ -92,3 +94,69 @@ def test_k_steps_per_call_match_single_steps_and_trace_once(tmp_path):
   for a, b in zip(single.model.weights, looped.model.weights):
     np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6, err_msg=a.path)
   assert looped.train_loop.experimental_get_tracing_count() == 1
+
+
+_REWRITER = rewriter_config_pb2.RewriterConfig
+
+
+def _rewrite_options():
+  """The rewrite options a function first called now is compiled with."""
+  options = eager_context.context().function_call_options
+  return config_pb2.ConfigProto.FromString(
+      options.config_proto_serialized).graph_options.rewrite_options
+
+
+def test_the_loops_are_compiled_with_one_grappler_pass_without_gpu_passes_on_cpu(
+    tmp_path):
+  built = _built(tmp_path, cpu_devices=2, per_replica_batch_size=4,
+                 mode="train_and_eval")
+  trainer = built.trainer
+  before = _rewrite_options()
+  seen = []
+
+  def spied(loop):
+    def call(*args):
+      seen.append(_rewrite_options())
+      return loop(*args)
+    return call
+
+  spy = dataclasses.replace(
+      trainer, train_loop=spied(trainer.train_loop),
+      eval_loop=lambda gather: spied(trainer.eval_loop(gather=gather)))
+  spy.run_train_loop(built.train_data, spy.train_iterator(built.train_data),
+                     tf.constant(2), step=0)
+  spy.evaluate(built.eval_data)
+  assert len(seen) == 2 and spy.step == 2
+  for rewrite in seen:
+    assert rewrite.meta_optimizer_iterations == _REWRITER.ONE
+    assert rewrite.memory_optimization == _REWRITER.NO_MEM_OPT
+    assert rewrite.layout_optimizer == _REWRITER.OFF
+  # Only around the loop calls: the thread's options are as they were.
+  assert _rewrite_options() == before
+
+
+def test_graph_passes_keep_a_users_explicit_options_and_gpu_defaults():
+  context = eager_context.context()
+  before = context.function_call_options
+  config = config_pb2.ConfigProto.FromString(before.config_proto_serialized)
+  config.graph_options.rewrite_options.layout_optimizer = _REWRITER.ON
+  context.function_call_options = eager_context.FunctionCallOptions(
+      config_proto=config)
+  try:
+    cpu = tf.distribute.MirroredStrategy(["/cpu:0"])
+    rewrite = config_pb2.ConfigProto.FromString(graph_passes.for_strategy(
+        cpu).config_proto_serialized).graph_options.rewrite_options
+  finally:
+    context.function_call_options = before
+  assert rewrite.layout_optimizer == _REWRITER.ON  # The user's.
+  assert rewrite.meta_optimizer_iterations == _REWRITER.ONE
+
+  class GpuExtended:
+    worker_devices = ("/job:localhost/replica:0/task:0/device:GPU:0",)
+
+  class GpuStrategy:
+    extended = GpuExtended()
+
+  assert graph_passes.for_strategy(GpuStrategy()) is None
+  with graph_passes.applied(None):
+    assert context.function_call_options is before

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from trainer.errors import ReplicaBatchError
+from trainer.training import graph_passes
 
 _BATCH_CHECK = "per-replica batch check failed"
 _SUM = tf.distribute.ReduceOp.SUM
@@ -60,12 +61,15 @@ def replica_batch_error(error: tf.errors.InvalidArgumentError):
       "size is not per_replica_batch_size x replicas)")
 
 
-def call_checked(loop, *args, explain_input_error=None):
-  """Calls a train or eval loop; its in-graph batch assertion becomes a
-  ReplicaBatchError naming the replica, and an error `explain_input_error(error)`
-  explains (a bad record: a DataError) becomes that error; others pass through."""
+def call_checked(loop, *args, graph_options=None, explain_input_error=None):
+  """Calls a train or eval loop, compiled (at its first call) with
+  `graph_options` (graph_passes.for_strategy's; None: TensorFlow's); its in-graph
+  batch assertion becomes a ReplicaBatchError naming the replica, and an error
+  `explain_input_error(error)` explains (a bad record: a DataError) becomes that
+  error; others pass through."""
   try:
-    return loop(*args)
+    with graph_passes.applied(graph_options):
+      return loop(*args)
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
     error = (replica_batch_error(e) if isinstance(e, tf.errors.InvalidArgumentError)
              else None)

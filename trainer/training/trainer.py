@@ -14,7 +14,7 @@ from trainer.data import Order, TaskData
 from trainer.distribute.cluster import Cluster
 from trainer.errors import user_code
 from trainer.tasks import Task
-from trainer.training import ledger, optimizers, probe, steps
+from trainer.training import graph_passes, ledger, optimizers, probe, steps
 from trainer.training.checkpoint_files import model_variables, rng_states
 from trainer.training.objective import Objective
 from trainer.training.train_loop import TrainLoop, UpdateRule
@@ -53,6 +53,8 @@ class Trainer:
     gather: data.GatherInput when the replicas gather arrays in-graph (the loops
       then take no iterator), else None.
     gather_eval: gather eval arrays in-graph too (--array_input=gather).
+    graph_options: the function options the loops are compiled with
+      (graph_passes.for_strategy; None: TensorFlow's).
   """
   task: Task
   objective: Objective
@@ -80,6 +82,7 @@ class Trainer:
   gather: object
   _stop_vote: object
   gather_eval: bool = False
+  graph_options: object = None
   _eval_loops: dict = dataclasses.field(default_factory=dict)
 
   @classmethod
@@ -148,7 +151,8 @@ class Trainer:
                train_totals=totals[0], eval_totals=totals[1], train_loop=train.loop,
                history_columns=train.history_columns,
                diagnose_step=train.diagnose, eval_loop=eval_loop, gather=gather_input,
-               _stop_vote=steps.make_stop_vote(strategy), gather_eval=gather_eval)
+               _stop_vote=steps.make_stop_vote(strategy), gather_eval=gather_eval,
+               graph_options=graph_passes.for_strategy(strategy))
 
   @property
   def step(self) -> int:
@@ -263,6 +267,7 @@ class Trainer:
                 // self.cluster.num_pipelines)
     outputs = steps.call_checked(
         self.train_loop, self.loop_input(iterator, int(num_steps)), num_steps,
+        graph_options=self.graph_options,
         explain_input_error=lambda e: train_data.explain_error(
             e, self.cluster, split="train", step=step, order=self.order,
             position=step * per_step, records=int(num_steps) * per_step))
@@ -303,7 +308,7 @@ class Trainer:
       iterator, num_batches = None, gather.eval_steps
     with self.evaluated_weights():
       streaming = steps.call_checked(
-          loop, iterator, tf.constant(num_batches),
+          loop, iterator, tf.constant(num_batches), graph_options=self.graph_options,
           explain_input_error=lambda e: eval_data.explain_error(
               e, self.cluster, split="eval", step=self.step))
     self.eval_ledger.check(expected_batches=num_batches,
