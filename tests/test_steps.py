@@ -135,7 +135,7 @@ def test_the_loops_are_compiled_with_one_grappler_pass_without_gpu_passes_on_cpu
   assert _rewrite_options() == before
 
 
-def test_graph_passes_keep_a_users_explicit_options_and_gpu_defaults():
+def test_graph_passes_keep_a_users_options_and_defaults_on_gpus_and_workers():
   context = eager_context.context()
   before = context.function_call_options
   config = config_pb2.ConfigProto.FromString(before.config_proto_serialized)
@@ -158,5 +158,7 @@ def test_graph_passes_keep_a_users_explicit_options_and_gpu_defaults():
     extended = GpuExtended()
 
   assert graph_passes.for_strategy(GpuStrategy()) is None
+  several_workers = object.__new__(tf.distribute.MultiWorkerMirroredStrategy)
+  assert graph_passes.for_strategy(several_workers) is None
   with graph_passes.applied(None):
     assert context.function_call_options is before
