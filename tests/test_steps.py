@@ -122,7 +122,7 @@ def test_the_loops_are_compiled_with_one_grappler_pass_without_gpu_passes_on_cpu
 
   spy = dataclasses.replace(
       trainer, train_loop=spied(trainer.train_loop),
-      eval_loop=lambda gather: spied(trainer.eval_loop(gather=gather)))
+      build_eval_loop=lambda gather: spied(trainer.build_eval_loop(gather=gather)))
   spy.run_train_loop(built.train_data, spy.train_iterator(built.train_data),
                      tf.constant(2), step=0)
   spy.evaluate(built.eval_data)

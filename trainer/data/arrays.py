@@ -125,7 +125,7 @@ class ArrayData(base.TaskData):
 
   def gather_input(self, strategy, cluster, order, *, per_replica_batch_size,
                    preprocess):
-    # order=None: an eval split (GatherInput says how it is read).
+    # order=None: an eval split (gather.EvalGather).
     # Under multi-worker with several replicas per worker the distributed dataset
     # gives worker w's local replica k slice k*W + w, not w*R + k: the gathered
     # order would differ, so those keep the tf.data path.
@@ -136,11 +136,12 @@ class ArrayData(base.TaskData):
     size = sum(np.asarray(a).nbytes for a in tf.nest.flatten(self._arrays))
     if size > gather.MAX_GATHER_BYTES:
       return None
-    index_of = None if order is None else functools.partial(
-        example_indices, num_examples=self.num_examples, order=order)
-    return gather.GatherInput(strategy=strategy, data=self, index_of=index_of,
-                              per_replica_batch_size=per_replica_batch_size,
-                              preprocess=preprocess)
+    held = dict(strategy=strategy, data=self, preprocess=preprocess,
+                per_replica_batch_size=per_replica_batch_size)
+    if order is None:
+      return gather.EvalGather(**held)
+    return gather.ArrayOrderGather(index_of=functools.partial(
+        example_indices, num_examples=self.num_examples, order=order), **held)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -10,14 +10,17 @@ batch: exactly the examples `experimental_distribute_dataset` (or, per worker,
 bit-identically (tests/test_gather.py). The batch assertion and the ledger run on
 the gathered batch as on an iterator's.
 
-The order is either computed in-graph (arrays: a stateless permutation of
-(seed, step)), or the ids of a tf.data stream of indices read on the host before
-each loop call (decoded TFRecords, a dataset held in memory: a seeded shuffle and
-an interleave order indices as they would the elements). An eval split is read in
-its own order, padded to whole global batches with weight-0 copies.
+Three orders, three classes over one `GatherInput` (the copies and the gather):
+- `ArrayOrderGather`: computed in-graph (arrays: a stateless permutation of
+  (seed, epoch));
+- `StreamedIdsGather`: the ids of a tf.data stream of indices, read on the host
+  before each loop call (decoded TFRecords, a dataset held in memory: a seeded
+  shuffle and an interleave order indices as they would the elements);
+- `EvalGather`: an eval split in its own order, padded to whole global batches
+  with weight-0 copies.
 """
 
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -28,13 +31,11 @@ MAX_GATHER_BYTES = 2**30  # Larger data keeps the tf.data path (a copy per devic
 
 class GatherInput:
   """Data held in memory on every replica's device, each replica gathering its
-  batch of a micro-step in the training order (`index_of` in-graph, or the
-  host's `ids`), or of an eval split in its order, padded to whole global
-  batches."""
+  batch of a micro-step in `strategy.run` (`replica_batch`). The order is the
+  subclass's: `ArrayOrderGather` (computed in-graph), `StreamedIdsGather` (ids
+  from the host), `EvalGather` (an eval split's, padded)."""
 
-  def __init__(self, *, strategy, data, per_replica_batch_size: int, preprocess,
-               index_of: Optional[Callable] = None, ids: Optional[Callable] = None,
-               local_replicas: int = 1):
+  def __init__(self, *, strategy, data, per_replica_batch_size: int, preprocess):
     """Copies the arrays to every replica's device.
 
     Args:
@@ -42,31 +43,7 @@ class GatherInput:
       data: an ArrayData: the training examples, or an eval split's.
       per_replica_batch_size: examples per replica per micro-step.
       preprocess: the task's map from a batch of stored features to model inputs.
-      index_of: `positions -> indices into data` of the training order (the
-        arrays' permutation, computed in-graph). With neither it nor `ids`, the
-        data is an eval split: global step s reads its positions [s*B, (s+1)*B),
-        those past its end as weight-0 copies of its last example.
-      ids: for data whose order is a tf.data stream (decoded TFRecords, a
-        dataset held in memory): `start_step -> dataset` of each micro-step's
-        ids into `data` for this worker's replicas, `local_replicas` x
-        per_replica_batch_size each, read on the host before each loop call
-        (`iterator`, `loop_input`).
-      local_replicas: this worker's replicas (with `ids`).
     """
-    self._ids, self._local_replicas = ids, local_replicas
-    if ids is not None:
-      # The ids of a loop call's micro-steps, set from the host before the call
-      # (`loop_input`): the loop reads them in-graph with no get_next (which
-      # costs about a fifth of a small model's step). This worker's own, not
-      # checkpointed: a resume builds a new iterator from its step.
-      per_step = local_replicas * per_replica_batch_size
-      self._call_ids = tf.Variable(tf.zeros([0, per_step], tf.int64),
-                                   shape=[None, per_step], trainable=False,
-                                   name="call_ids")
-      self._cursor = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                 name="call_ids_cursor")
-    self._index_of = index_of
-    self._evaluating = index_of is None and ids is None
     self._per_replica = per_replica_batch_size
     self._global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
     self._num_examples = data.num_examples
@@ -83,32 +60,103 @@ class GatherInput:
     self.arrays = strategy.experimental_distribute_values_from_function(
         on_replica_device)
 
-  @property
-  def eval_steps(self) -> int:
-    """Global steps that read an eval split once (the last one padded)."""
-    return -(-self._num_examples // self._global_batch)
-
   def iterator(self, start_step: int):
-    """The host's reader of micro-step ids from `start_step` (what the trainer
-    holds as its iterator), or None when the order is computed in-graph."""
-    if self._ids is None:
-      return None
-    return _IdReader(self._ids(start_step))
+    """What the trainer holds as its iterator from `start_step`: here None (the
+    order needs no host reader)."""
+    del start_step
+    return None
 
   def loop_input(self, reader, micro_steps: int):
-    """What a loop call of `micro_steps` takes as its iterator: None, after
-    setting the call's ids from `reader` (with ids)."""
-    if reader is not None:
-      self._call_ids.assign(reader.take(micro_steps))
-      self._cursor.assign(0)
+    """What a loop call of `micro_steps` takes as its iterator: None."""
+    del reader, micro_steps
     return None
 
   def step_input(self, iterator, micro_step):
     """What `replica_batch` reads micro-step `micro_step` by, in the loop's
-    cross-replica context: the micro-step, or its ids (the call's next row)."""
-    del iterator  # None: the ids were set before the call.
-    if self._ids is None:
-      return micro_step
+    cross-replica context: here the micro-step itself."""
+    del iterator  # None: the loop call needs none.
+    return micro_step
+
+  def replica_batch(self, step_input, arrays):
+    """This replica's batch of one micro-step (its `step_input`), from its copy
+    `arrays` of the data (`self.arrays`, passed through strategy.run); call in a
+    replica context."""
+    raise NotImplementedError
+
+  def _positions(self, step_input):
+    """This replica's positions in the order: `[s*B + r*b, s*B + (r+1)*b)`."""
+    replica = tf.cast(
+        tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+    first = (tf.cast(step_input, tf.int64) * self._global_batch
+             + replica * self._per_replica)
+    return tf.range(first, first + self._per_replica)
+
+  def _batch(self, arrays, index) -> tuple:
+    """(preprocessed features, labels, weights) of the examples at `index`."""
+    weights = None if len(arrays) == 2 else tf.cast(arrays[2], tf.float32)
+    return examples_at(arrays[0], arrays[1], weights, index,
+                       preprocess=self._preprocess)
+
+
+class ArrayOrderGather(GatherInput):
+  """Training arrays in an order computed in-graph from the micro-step: the
+  arrays' stateless permutation of (seed, epoch)."""
+
+  def __init__(self, *, index_of: Callable, **kwargs):
+    """Copies the arrays to every replica's device.
+
+    Args:
+      index_of: `positions -> indices into data` of the training order.
+      **kwargs: GatherInput's.
+    """
+    super().__init__(**kwargs)
+    self._index_of = index_of
+
+  def replica_batch(self, step_input, arrays):
+    """This replica's (features, labels, weights) of micro-step `step_input`."""
+    return self._batch(arrays, self._index_of(self._positions(step_input)))
+
+
+class StreamedIdsGather(GatherInput):
+  """Training data whose order is a tf.data stream of ids into it (decoded
+  TFRecords, a dataset held in memory: a seeded shuffle and an interleave order
+  ids as they would the elements), read on the host before each loop call."""
+
+  def __init__(self, *, ids: Callable, local_replicas: int, **kwargs):
+    """Copies the arrays to every replica's device.
+
+    Args:
+      ids: `start_step -> dataset` of each micro-step's ids into the data for
+        this worker's replicas, `local_replicas` x per_replica_batch_size each.
+      local_replicas: this worker's replicas.
+      **kwargs: GatherInput's.
+    """
+    super().__init__(**kwargs)
+    self._ids, self._local_replicas = ids, local_replicas
+    # The ids of a loop call's micro-steps, set from the host before the call
+    # (`loop_input`): the loop reads them in-graph with no get_next (which
+    # costs about a fifth of a small model's step). This worker's own, not
+    # checkpointed: a resume builds a new iterator from its step.
+    per_step = local_replicas * self._per_replica
+    self._call_ids = tf.Variable(tf.zeros([0, per_step], tf.int64),
+                                 shape=[None, per_step], trainable=False,
+                                 name="call_ids")
+    self._cursor = tf.Variable(0, dtype=tf.int64, trainable=False,
+                               name="call_ids_cursor")
+
+  def iterator(self, start_step: int):
+    """The host's reader of micro-step ids from `start_step`."""
+    return _IdReader(self._ids(start_step))
+
+  def loop_input(self, reader, micro_steps: int):
+    """None, after setting the call's ids from `reader`."""
+    self._call_ids.assign(reader.take(micro_steps))
+    self._cursor.assign(0)
+    return None
+
+  def step_input(self, iterator, micro_step):
+    """The ids of the call's next micro-step (its next row)."""
+    del iterator, micro_step  # The ids were set before the call.
     row = self._cursor.assign_add(1) - 1
     ids = self._call_ids.read_value()
     # A call past the ids set for it would gather nothing on some devices.
@@ -117,31 +165,29 @@ class GatherInput:
     return tf.gather(ids, row)
 
   def replica_batch(self, step_input, arrays):
-    """This replica's (features, labels, weights) of one micro-step (its
-    `step_input`), from its copy `arrays` of the data (`self.arrays`, passed
-    through strategy.run), and for an eval split the padding mask (1 for a real
-    example, 0 for a copy); call in a replica context."""
-    replica = tf.cast(
-        tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
-    if self._ids is not None:
-      # distribute_datasets_from_function's order: a worker's local replica k
-      # takes the k-th per-replica batch of its pipeline's step.
-      local = replica % self._local_replicas
-      index = step_input[local * self._per_replica:(local + 1) * self._per_replica]
-      return self._batch(arrays, index)
-    first = (tf.cast(step_input, tf.int64) * self._global_batch
-             + replica * self._per_replica)
-    positions = tf.range(first, first + self._per_replica)
-    if self._evaluating:
-      index, padding = eval_positions(positions, self._num_examples)
-      return (*self._batch(arrays, index), padding)
-    return self._batch(arrays, self._index_of(positions))
+    """This replica's (features, labels, weights) of the micro-step's ids."""
+    # distribute_datasets_from_function's order: a worker's local replica k
+    # takes the k-th per-replica batch of its pipeline's step.
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    local = replica % self._local_replicas
+    return self._batch(
+        arrays, step_input[local * self._per_replica:(local + 1) * self._per_replica])
 
-  def _batch(self, arrays, index) -> tuple:
-    """(preprocessed features, labels, weights) of the examples at `index`."""
-    weights = None if len(arrays) == 2 else tf.cast(arrays[2], tf.float32)
-    return examples_at(arrays[0], arrays[1], weights, index,
-                       preprocess=self._preprocess)
+
+class EvalGather(GatherInput):
+  """An eval split in its own order: global step s reads its positions
+  [s*B, (s+1)*B), those past its end as weight-0 copies of its last example."""
+
+  @property
+  def eval_steps(self) -> int:
+    """Global steps that read the split once (the last one padded)."""
+    return -(-self._num_examples // self._global_batch)
+
+  def replica_batch(self, step_input, arrays):
+    """This replica's (features, labels, weights, padding) of global step
+    `step_input`: padding is 1 for a real example, 0 for a copy."""
+    index, padding = eval_positions(self._positions(step_input), self._num_examples)
+    return (*self._batch(arrays, index), padding)
 
 
 class _IdReader:

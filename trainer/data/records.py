@@ -177,7 +177,7 @@ class TFRecords(streams.PerPipeline):
         streams.varies_between_reads(self._parsed(self.paths[:1]))):
       return None
     if order is None:
-      return gather.GatherInput(
+      return gather.EvalGather(
           strategy=strategy, per_replica_batch_size=per_replica_batch_size,
           preprocess=preprocess, data=self._decoded(
               shard, lambda: self.pipeline_examples(tf.distribute.InputContext())))
@@ -190,10 +190,10 @@ class TFRecords(streams.PerPipeline):
       stream = shard.train_stream(order, position=start_step * per_step, ids=True)
       return stream.batch(per_step, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
-    return gather.GatherInput(strategy=strategy, data=decoded,
-                              per_replica_batch_size=per_replica_batch_size,
-                              preprocess=preprocess, ids=ids,
-                              local_replicas=cluster.local_replicas)
+    return gather.StreamedIdsGather(strategy=strategy, data=decoded,
+                                    per_replica_batch_size=per_replica_batch_size,
+                                    preprocess=preprocess, ids=ids,
+                                    local_replicas=cluster.local_replicas)
 
   def _decoded(self, shard: Shard, records) -> arrays.ArrayData:
     """`records()`, a dataset of a pipeline's parsed records, as arrays.

@@ -209,9 +209,9 @@ class StreamData(base.TaskData):
       return None
     held = arrays.read_into_memory(self.dataset, what=self.what)
     if order is None:
-      return gather.GatherInput(strategy=strategy, data=held,
-                                per_replica_batch_size=per_replica_batch_size,
-                                preprocess=preprocess)
+      return gather.EvalGather(strategy=strategy, data=held,
+                               per_replica_batch_size=per_replica_batch_size,
+                               preprocess=preprocess)
 
     def ids(start_step):
       # A seeded shuffle orders indices as it would the elements.
@@ -220,10 +220,10 @@ class StreamData(base.TaskData):
           batch_size=order.global_batch_size,
           position=start_step * order.global_batch_size).prefetch(tf.data.AUTOTUNE)
 
-    return gather.GatherInput(strategy=strategy, data=held,
-                              per_replica_batch_size=per_replica_batch_size,
-                              preprocess=preprocess, ids=ids,
-                              local_replicas=strategy.num_replicas_in_sync)
+    return gather.StreamedIdsGather(strategy=strategy, data=held,
+                                    per_replica_batch_size=per_replica_batch_size,
+                                    preprocess=preprocess, ids=ids,
+                                    local_replicas=strategy.num_replicas_in_sync)
 
 
 # Ops after which reading a dataset again may give other elements, besides every

@@ -108,8 +108,9 @@ def make_eval_loop(*, strategy, objective, model, ledger, totals,
       sums weighted by each example's weight, "examples" counting the real ones
       (padding has weight 0).
     per_replica_batch_size: examples each replica must receive per step.
-    gather: a data.GatherInput of an eval split: each replica gathers its batch
-      of step s in-graph (the loop's `iterator` is then None), instead of next().
+    gather: a data.gather.EvalGather of an eval split: each replica gathers its
+      batch of step s in-graph (the loop's `iterator` is then None), instead of
+      next().
 
   Returns:
     A tf.function.

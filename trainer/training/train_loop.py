@@ -135,8 +135,9 @@ class TrainLoop:
       global_batch_size: examples per micro-step over all replicas.
       jit_compile: compile the replica's forward and backward pass with XLA.
       rule: accumulation, clipping, the learning-rate schedule and EMA.
-      gather: a data.GatherInput: each replica gathers its batch in-graph, by the
-        global step or by the ids set before the call (the loops' `iterator` is
+      gather: a data.GatherInput of training data: each replica gathers its
+        batch in-graph, by the global step (ArrayOrderGather) or by the ids set
+        before the call (StreamedIdsGather) (the loops' `iterator` is
         then `Trainer.loop_input`'s None), instead of next().
       record_every: a history row every this many global steps (0: none). The
         same on every worker: reading the sums is a collective.

@@ -47,9 +47,10 @@ class Trainer:
     train_loop: `(iterator, num_steps) -> outputs` (train_loop.TrainLoop).
     history_columns: the names of the columns of the loop's "history" rows.
     diagnose_step: one train step with its gradients (divergence.py).
-    eval_loop: `gather -> eval_loop(iterator, num_steps)` (steps.make_eval_loop
-      of this trainer's model, objective, eval ledger and totals); `evaluate`
-      builds one per eval split (the iterator's, or one gathering its arrays).
+    build_eval_loop: `gather -> eval_loop(iterator, num_steps)`
+      (steps.make_eval_loop of this trainer's model, objective, eval ledger and
+      totals); `evaluate` builds one per eval split (the iterator's, or one
+      gathering its arrays).
     gather: data.GatherInput when the replicas gather arrays in-graph (the loops
       then take no iterator), else None.
     gather_eval: gather eval arrays in-graph too (--array_input=gather).
@@ -78,7 +79,7 @@ class Trainer:
   train_loop: object
   history_columns: tuple
   diagnose_step: object
-  eval_loop: object
+  build_eval_loop: object
   gather: object
   _stop_vote: object
   gather_eval: bool = False
@@ -136,7 +137,7 @@ class Trainer:
         global_batch_size=order.global_batch_size,
         jit_compile=optimization.jit_compile, rule=rule, gather=gather_input,
         record_every=record_every)
-    eval_loop = functools.partial(
+    build_eval_loop = functools.partial(
         steps.make_eval_loop, strategy=strategy, objective=objective, model=model,
         ledger=ledgers[1], totals=totals[1],
         per_replica_batch_size=per_replica_batch_size)
@@ -150,7 +151,8 @@ class Trainer:
                train_ledger=ledgers[0], eval_ledger=ledgers[1],
                train_totals=totals[0], eval_totals=totals[1], train_loop=train.loop,
                history_columns=train.history_columns,
-               diagnose_step=train.diagnose, eval_loop=eval_loop, gather=gather_input,
+               diagnose_step=train.diagnose, build_eval_loop=build_eval_loop,
+               gather=gather_input,
                _stop_vote=steps.make_stop_vote(strategy), gather_eval=gather_eval,
                graph_options=graph_passes.for_strategy(strategy))
 
@@ -338,7 +340,8 @@ class Trainer:
             per_replica_batch_size=self.per_replica_batch_size,
             preprocess=self.objective.preprocess)
       # eval_data is kept with its loop, so its id is not reused.
-      self._eval_loops[key] = (self.eval_loop(gather=gather), gather, eval_data)
+      self._eval_loops[key] = (self.build_eval_loop(gather=gather), gather,
+                              eval_data)
     return self._eval_loops[key][:2]
 
 
