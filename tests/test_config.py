@@ -54,6 +54,21 @@ def test_invalid_task_values_name_the_flag(changes, message):
   assert "\n" not in str(e.value)
 
 
+def test_help_finds_the_task_however_the_command_line_names_it(tmp_path):
+  inner, outer = tmp_path / "inner.flags", tmp_path / "outer.flags"
+  inner.write_text("--task=regression\n")
+  outer.write_text(f"--train_steps=5\n--flagfile={inner}\n")
+  task_of = config_lib.flags.task_of
+  assert task_of([]) == Config.task == "classification"
+  assert task_of(["--task", "regression", "--help"]) == "regression"
+  assert task_of(["-task=regression"]) == "regression"
+  assert task_of([f"--flagfile={outer}"]) == "regression"
+  # The last one wins, as when the flags are parsed.
+  assert task_of([f"--flagfile={outer}", "--task=classification"]) == "classification"
+  with pytest.raises(ConfigError, match="absent.flags"):
+    task_of([f"--flagfile={tmp_path / 'absent.flags'}"])
+
+
 def test_a_flagfile_that_includes_itself_is_refused(tmp_path):
   path = tmp_path / "loop.flags"
   path.write_text(f"--train_steps=5\n--flagfile={path}\n")

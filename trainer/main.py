@@ -94,9 +94,12 @@ _HELP = ("--help", "-h", "-?", "--helpshort")  # --helpfull stays absl's.
 
 
 def _task_of(argv) -> str:
-  """The --task a command line names (the last one), else the default."""
-  named = [arg.split("=", 1)[1] for arg in argv if arg.startswith("--task=")]
-  return named[-1] if named else "classification"
+  """The task a command line names (in its flagfiles too), else the default's:
+  a flagfile that cannot be read is the run's error, not --help's."""
+  try:
+    return config_lib.flags.task_of(argv)
+  except TrainerError:
+    return config_lib.Config.task
 
 
 if __name__ == "__main__":

@@ -237,6 +237,30 @@ def _expand(argv, flag_values) -> list:
   return expanded[:expanded.index("--")] if "--" in expanded else expanded
 
 
+def _named_task(expanded) -> str:
+  """The task spec an expanded command line names (the last --task), else the
+  default's."""
+  spec = Config.task
+  for index, arg in enumerate(expanded):
+    name, has_value, value = arg.lstrip("-").partition("=")
+    if arg.startswith("-") and name == "task":
+      # absl takes --task=X, --task X, -task=X and -task X.
+      spec = value if has_value else (expanded[index + 1:index + 2] or [""])[0]
+  return spec
+
+
+def task_of(argv: Sequence[str], flag_values=None) -> str:
+  """The task spec a command line (without the program name) names, in its
+  flagfiles too, else the default's (`--help` shows that task's flags).
+
+  Raises:
+    ConfigError: a flagfile cannot be read, or includes itself.
+  """
+  from absl import flags
+  return _named_task(_expand(argv, flags.FLAGS if flag_values is None
+                             else flag_values))
+
+
 def prepare_flags(argv: Sequence[str], flag_values=None):
   """Loads the task a command line names and defines its `--task.NAME` flags.
 
@@ -250,14 +274,12 @@ def prepare_flags(argv: Sequence[str], flag_values=None):
   from trainer import tasks  # The task registry imports this package.
   flag_values = flags.FLAGS if flag_values is None else flag_values
   expanded = _expand(argv[1:], flag_values)
-  spec, names, aliases = Config.task, [], []
-  for index, arg in enumerate(expanded):
-    name, has_value, value = arg.lstrip("-").partition("=")
+  spec, names, aliases = _named_task(expanded), [], []
+  for arg in expanded:
+    name = arg.lstrip("-").partition("=")[0]
     if not arg.startswith("-"):
       continue
-    if name == "task":  # absl takes --task=X, --task X, -task=X and -task X.
-      spec = value if has_value else (expanded[index + 1:index + 2] or [""])[0]
-    elif name.startswith(("task.", "notask.")):
+    if name.startswith(("task.", "notask.")):
       names.append(name.split(".", 1)[1])
     elif name.removeprefix("no") in TASK_FLAG_ALIASES:
       aliases.append(name.removeprefix("no"))
