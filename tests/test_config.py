@@ -164,6 +164,30 @@ def test_slurm_cluster_comes_from_slurm_environment(monkeypatch):
   assert resolver.num_accelerators() == {}  # CPU-only: MWMS must not look for GPUs.
 
 
+def test_a_workers_own_busy_port_is_named_before_tensorflow_binds_it(monkeypatch):
+  import json
+  import socket
+
+  from trainer.distribute import devices
+  section = Config(strategy="multi_worker", model_dir="/x").distribute
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["127.0.0.1:1", f"127.0.0.1:{port}"]},
+        "task": {"type": "worker", "index": 1}}))
+    resolver = devices.cluster_resolver(section)
+    error = devices._busy_port_error(section, resolver)  # noqa: SLF001
+  assert str(error) == (
+      f"--strategy=multi_worker: worker 1's port {port} (127.0.0.1:{port}; "
+      "TF_CONFIG names it) is in use by another process on this machine; stop "
+      f"what listens there (`ss -ltnp 'sport = :{port}'` names it, e.g. a worker "
+      "of an earlier job) or give this worker a free port")
+  # Once the listener is gone the port is free, its TIME_WAIT no obstacle.
+  assert devices._busy_port_error(section, resolver) is None  # noqa: SLF001
+
+
 def test_split_cpu_replicas_share_the_cores():
   from trainer.distribute import devices
   assert devices.intra_op_threads(cores=2, replicas=2) == 1

@@ -176,3 +176,26 @@ def _ended_early(cluster, job, output):
     log = read(output) if os.path.exists(output) else "(no output)"
     raise AssertionError(f"job {job} {state} before a checkpoint: {log[-3000:]}")
   return False
+
+
+def test_a_busy_worker_port_stops_the_job_with_one_line_naming_it(slurm, tmp_path):
+  # srun --kill-on-bad-exit: the worker that cannot listen stops the others, which
+  # would otherwise wait for it.
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    taken.bind(("127.0.0.1", WORKER_PORTS[0]))
+    taken.listen()
+    result = slurm.run("srun", "--kill-on-bad-exit=1", *TASKS, *trainer_command(
+        "--train_steps=20", f"--model_dir={tmp_path / 'run'}"), cwd=REPO,
+                       env=job_env(slurm), timeout=TIMEOUT)
+  output = result.stdout + result.stderr
+  assert result.returncode != 0, output[-3000:]
+  errors = [line for line in output.splitlines() if line.startswith("error:")]
+  assert errors == [
+      "error: --strategy=multi_worker: worker 0's port 8888 (localhost:8888; "
+      "SLURM's resolver gives a node's tasks ports 8888 and up) is in use by "
+      "another process on this machine; stop what listens there (`ss -ltnp "
+      "'sport = :8888'` names it, e.g. a worker of an earlier job) or give this "
+      "worker a free port"], output[-3000:]
+  assert "Traceback" not in output and re.search(
+      r"task 0: Exited with exit code 2$", output, re.M), output[-3000:]
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")

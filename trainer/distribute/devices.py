@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 
 import tensorflow as tf
 
@@ -151,6 +152,9 @@ def _multi_worker_strategy(config):
     raise ConfigError(f"--cross_device_ops={config.cross_device_ops}: with "
                       "--strategy=multi_worker use auto, ring or nccl")
   resolver = cluster_resolver(config)
+  busy = _busy_port_error(config, resolver)
+  if busy:
+    raise busy
   # A collective waiting on a stopped or lost peer fails instead of hanging (the
   # watchdog reports it, exit 7).
   options = tf.distribute.experimental.CommunicationOptions(
@@ -165,6 +169,37 @@ def _multi_worker_strategy(config):
     raise ConfigError("--strategy=multi_worker must start in a fresh process: "
                       "TensorFlow was already initialised here" + _started_note()
                       ) from None
+  except tf.errors.UnknownError as e:
+    # Taken between the check and TensorFlow's bind.
+    if "Could not start gRPC server" not in str(e):
+      raise
+    raise _busy_port_error(config, resolver, checked=False) from None
+
+
+def _busy_port_error(config, resolver, *, checked: bool = True):
+  """The ConfigError of this worker's own port when another process listens
+  there (gRPC would fail to start its server with a traceback while the other
+  workers wait), else None; with checked=False, the error without looking."""
+  address = resolver.cluster_spec().task_address(resolver.task_type,
+                                                 resolver.task_id)
+  port = int(address.rpartition(":")[2])
+  if checked:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+      # As gRPC binds: an earlier run's connections in TIME_WAIT are no
+      # obstacle, a listener on any of this machine's addresses is.
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      try:
+        probe.bind(("", port))
+        return None
+      except OSError:
+        pass
+  where = ("SLURM's resolver gives a node's tasks ports 8888 and up"
+           if config.cluster_resolver == "slurm" else "TF_CONFIG names it")
+  return ConfigError(
+      f"--strategy=multi_worker: {resolver.task_type} {resolver.task_id}'s port "
+      f"{port} ({address}; {where}) is in use by another process on this machine; "
+      f"stop what listens there (`ss -ltnp 'sport = :{port}'` names it, e.g. a "
+      "worker of an earlier job) or give this worker a free port")
 
 
 def cluster_resolver(config: DistributeConfig):
