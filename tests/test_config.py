@@ -65,8 +65,13 @@ def test_help_finds_the_task_however_the_command_line_names_it(tmp_path):
   assert task_of([f"--flagfile={outer}"]) == "regression"
   # The last one wins, as when the flags are parsed.
   assert task_of([f"--flagfile={outer}", "--task=classification"]) == "classification"
+  absent = [f"--flagfile={tmp_path / 'absent.flags'}", "--task=regression"]
   with pytest.raises(ConfigError, match="absent.flags"):
-    task_of([f"--flagfile={tmp_path / 'absent.flags'}"])
+    task_of(absent)
+  # --help with an unreadable flagfile still finds the command line's own task.
+  from trainer import main
+  assert main._task_of(absent) == "regression"  # noqa: SLF001
+  assert task_of(["--task", "--help"]) == ""  # No task named: absl says so.
 
 
 def test_a_flagfile_that_includes_itself_is_refused(tmp_path):
@@ -164,28 +169,76 @@ def test_slurm_cluster_comes_from_slurm_environment(monkeypatch):
   assert resolver.num_accelerators() == {}  # CPU-only: MWMS must not look for GPUs.
 
 
-def test_a_workers_own_busy_port_is_named_before_tensorflow_binds_it(monkeypatch):
+def _worker_on(monkeypatch, port):
+  """A multi-worker DistributeConfig whose TF_CONFIG makes this worker 1, on
+  127.0.0.1:`port`."""
   import json
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["127.0.0.1:1", f"127.0.0.1:{port}"]},
+      "task": {"type": "worker", "index": 1}}))
+  return Config(strategy="multi_worker", model_dir="/x").distribute
+
+
+def _busy_message(port):
+  return (f"TF_CONFIG: cluster.worker[1] '127.0.0.1:{port}': port {port} is in use "
+          "by another process on this machine; stop what listens there (`ss -ltnp "
+          f"'sport = :{port}'` names it, e.g. a worker of an earlier job) or give "
+          "this worker a free port")
+
+
+def test_a_workers_own_busy_port_is_named_before_tensorflow_binds_it(monkeypatch):
   import socket
 
   from trainer.distribute import devices
-  section = Config(strategy="multi_worker", model_dir="/x").distribute
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # As gRPC's.
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    monkeypatch.setenv("TF_CONFIG", json.dumps({
-        "cluster": {"worker": ["127.0.0.1:1", f"127.0.0.1:{port}"]},
-        "task": {"type": "worker", "index": 1}}))
+    section = _worker_on(monkeypatch, port)
     resolver = devices.cluster_resolver(section)
     error = devices._busy_port_error(section, resolver)  # noqa: SLF001
-  assert str(error) == (
-      f"--strategy=multi_worker: worker 1's port {port} (127.0.0.1:{port}; "
-      "TF_CONFIG names it) is in use by another process on this machine; stop "
-      f"what listens there (`ss -ltnp 'sport = :{port}'` names it, e.g. a worker "
-      "of an earlier job) or give this worker a free port")
-  # Once the listener is gone the port is free, its TIME_WAIT no obstacle.
+    with pytest.raises(ConfigError) as refused:
+      devices.make_strategy(section)
+    # A connection the listener's side closed first: its port waits in TIME_WAIT.
+    with socket.create_connection(("127.0.0.1", port)) as client:
+      accepted, _ = taken.accept()
+      accepted.close()
+      client.recv(1)
+  assert str(error) == str(refused.value) == _busy_message(port)
+  # The listener gone, the port is free: TIME_WAIT is no obstacle (as for gRPC).
   assert devices._busy_port_error(section, resolver) is None  # noqa: SLF001
+
+
+def test_a_port_taken_as_tensorflow_binds_it_is_the_same_line(monkeypatch):
+  import socket
+
+  import tensorflow as tf
+
+  from trainer.distribute import devices
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    taken.bind(("127.0.0.1", 0))  # Bound, not listening: no obstacle yet.
+    port = taken.getsockname()[1]
+    section = _worker_on(monkeypatch, port)
+
+    def grpc_fails(**_):
+      raise tf.errors.UnknownError(None, None, "Could not start gRPC server")
+
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", grpc_fails)
+    # Free at the check, but the bind failed: another cause is TensorFlow's own.
+    with pytest.raises(tf.errors.UnknownError, match="Could not start gRPC"):
+      devices.make_strategy(section)
+
+    def taken_meanwhile(**_):
+      taken.listen()
+      grpc_fails()
+
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
+                        taken_meanwhile)
+    with pytest.raises(ConfigError) as refused:
+      devices.make_strategy(section)
+  assert str(refused.value) == _busy_message(port)
 
 
 def test_split_cpu_replicas_share_the_cores():

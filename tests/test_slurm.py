@@ -191,11 +191,11 @@ def test_a_busy_worker_port_stops_the_job_with_one_line_naming_it(slurm, tmp_pat
   assert result.returncode != 0, output[-3000:]
   errors = [line for line in output.splitlines() if line.startswith("error:")]
   assert errors == [
-      "error: --strategy=multi_worker: worker 0's port 8888 (localhost:8888; "
-      "SLURM's resolver gives a node's tasks ports 8888 and up) is in use by "
-      "another process on this machine; stop what listens there (`ss -ltnp "
-      "'sport = :8888'` names it, e.g. a worker of an earlier job) or give this "
-      "worker a free port"], output[-3000:]
+      "error: --cluster_resolver=slurm: worker 0's port 8888 (localhost:8888) is "
+      "in use by another process on this node; SLURM's resolver gives a node's "
+      "tasks ports 8888 and up: stop what listens there (`ss -ltnp 'sport = "
+      ":8888'` names it, e.g. a worker of an earlier job) or run on another "
+      "node"], output[-3000:]
   assert "Traceback" not in output and re.search(
       r"task 0: Exited with exit code 2$", output, re.M), output[-3000:]
   assert not os.path.exists(tmp_path / "run" / "checkpoints")

@@ -10,7 +10,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.eager import context as eager_context
 
 from trainer.errors import ReplicaBatchError
-from trainer.training import graph_passes, setup, steps
+from trainer.training import divergence, graph_passes, setup, steps
 
 from conftest import float_values
 from presets import MLP_SGD, config, train
@@ -100,52 +100,61 @@ _REWRITER = rewriter_config_pb2.RewriterConfig
 
 
 def _rewrite_options():
-  """The rewrite options a function first called now is compiled with."""
+  """The rewrite options a function called now is compiled with."""
   options = eager_context.context().function_call_options
   return config_pb2.ConfigProto.FromString(
       options.config_proto_serialized).graph_options.rewrite_options
 
 
-def test_the_loops_are_compiled_with_one_grappler_pass_without_gpu_passes_on_cpu(
+def test_the_loops_and_a_replay_are_compiled_with_lean_grappler_passes_on_cpu(
     tmp_path):
   built = _built(tmp_path, cpu_devices=2, per_replica_batch_size=4,
                  mode="train_and_eval")
   trainer = built.trainer
-  before = _rewrite_options()
-  seen = []
+  before = eager_context.context().function_call_options
+  seen = {}
 
-  def spied(loop):
+  def spied(name, function):
     def call(*args):
-      seen.append(_rewrite_options())
-      return loop(*args)
+      seen.setdefault(name, []).append(_rewrite_options())
+      return function(*args)
     return call
 
   spy = dataclasses.replace(
-      trainer, train_loop=spied(trainer.train_loop),
-      build_eval_loop=lambda gather: spied(trainer.build_eval_loop(gather=gather)))
+      trainer, train_loop=spied("train", trainer.train_loop),
+      build_eval_loop=lambda gather: spied(
+          "eval", trainer.build_eval_loop(gather=gather)),
+      diagnose_step=spied("replay", trainer.diagnose_step))
+  built.checkpoints.save()  # Step 0, to replay from.
   spy.run_train_loop(built.train_data, spy.train_iterator(built.train_data),
                      tf.constant(2), step=0)
   spy.evaluate(built.eval_data)
-  assert len(seen) == 2 and spy.step == 2
-  for rewrite in seen:
+  divergence.replay_to(spy, built.train_data, built.checkpoints,
+                       model_dir=str(tmp_path), step=1, stop_at_nonfinite=False)
+  assert sorted(seen) == ["eval", "replay", "train"]
+  for rewrite in sum(seen.values(), []):
     assert rewrite.meta_optimizer_iterations == _REWRITER.ONE
     assert rewrite.memory_optimization == _REWRITER.NO_MEM_OPT
     assert rewrite.layout_optimizer == _REWRITER.OFF
-  # Only around the loop calls: the thread's options are as they were.
-  assert _rewrite_options() == before
+  # Only around the calls: the thread's options are as they were.
+  assert eager_context.context().function_call_options is before
 
 
-def test_graph_passes_keep_a_users_options_and_defaults_on_gpus_and_workers():
+def test_lean_passes_keep_a_users_options_and_end_with_the_call():
   context = eager_context.context()
   before = context.function_call_options
   config = config_pb2.ConfigProto.FromString(before.config_proto_serialized)
   config.graph_options.rewrite_options.layout_optimizer = _REWRITER.ON
-  context.function_call_options = eager_context.FunctionCallOptions(
-      config_proto=config)
+  users = eager_context.FunctionCallOptions(config_proto=config)
+  context.function_call_options = users
   try:
-    cpu = tf.distribute.MirroredStrategy(["/cpu:0"])
-    rewrite = config_pb2.ConfigProto.FromString(graph_passes.for_strategy(
-        cpu).config_proto_serialized).graph_options.rewrite_options
+    with pytest.raises(ValueError, match="a loop failed"):
+      with graph_passes.applied(True):
+        rewrite = _rewrite_options()
+        raise ValueError("a loop failed")
+    assert context.function_call_options is users  # Restored on the error too.
+    with graph_passes.applied(False):
+      assert context.function_call_options is users
   finally:
     context.function_call_options = before
   assert rewrite.layout_optimizer == _REWRITER.ON  # The user's.
@@ -157,8 +166,7 @@ def test_graph_passes_keep_a_users_options_and_defaults_on_gpus_and_workers():
   class GpuStrategy:
     extended = GpuExtended()
 
-  assert graph_passes.for_strategy(GpuStrategy()) is None
-  several_workers = object.__new__(tf.distribute.MultiWorkerMirroredStrategy)
-  assert graph_passes.for_strategy(several_workers) is None
-  with graph_passes.applied(None):
-    assert context.function_call_options is before
+  assert graph_passes.lean_for(tf.distribute.MirroredStrategy(["/cpu:0"]))
+  assert not graph_passes.lean_for(GpuStrategy())
+  assert not graph_passes.lean_for(
+      object.__new__(tf.distribute.MultiWorkerMirroredStrategy))

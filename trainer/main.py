@@ -95,11 +95,12 @@ _HELP = ("--help", "-h", "-?", "--helpshort")  # --helpfull stays absl's.
 
 def _task_of(argv) -> str:
   """The task a command line names (in its flagfiles too), else the default's:
-  a flagfile that cannot be read is the run's error, not --help's."""
+  a flagfile that cannot be read is the run's error, not --help's (the command
+  line's own --task still counts)."""
   try:
     return config_lib.flags.task_of(argv)
   except TrainerError:
-    return config_lib.Config.task
+    return config_lib.flags.task_of(argv, expand=False)
 
 
 if __name__ == "__main__":

@@ -245,18 +245,23 @@ def _named_task(expanded) -> str:
     name, has_value, value = arg.lstrip("-").partition("=")
     if arg.startswith("-") and name == "task":
       # absl takes --task=X, --task X, -task=X and -task X.
-      spec = value if has_value else (expanded[index + 1:index + 2] or [""])[0]
+      following = (expanded[index + 1:index + 2] or [""])[0]
+      spec = value if has_value else ("" if following.startswith("-")
+                                      else following)
   return spec
 
 
-def task_of(argv: Sequence[str], flag_values=None) -> str:
+def task_of(argv: Sequence[str], flag_values=None, *, expand: bool = True) -> str:
   """The task spec a command line (without the program name) names, in its
-  flagfiles too, else the default's (`--help` shows that task's flags).
+  flagfiles too unless expand=False, else the default's (`--help` shows that
+  task's flags).
 
   Raises:
-    ConfigError: a flagfile cannot be read, or includes itself.
+    ConfigError: a flagfile cannot be read, or includes itself (expand=True).
   """
   from absl import flags
+  if not expand:
+    return _named_task(list(argv))
   return _named_task(_expand(argv, flags.FLAGS if flag_values is None
                              else flag_values))
 

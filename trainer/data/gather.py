@@ -20,16 +20,17 @@ Three orders, three classes over one `GatherInput` (the copies and the gather):
   with weight-0 copies.
 """
 
+import abc
 from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
-ID_CHUNK = 256  # Micro-steps of ids per host get_next (GatherInput with ids).
+ID_CHUNK = 256  # Micro-steps of ids per host get_next (StreamedIdsGather).
 MAX_GATHER_BYTES = 2**30  # Larger data keeps the tf.data path (a copy per device).
 
 
-class GatherInput:
+class GatherInput(abc.ABC):
   """Data held in memory on every replica's device, each replica gathering its
   batch of a micro-step in `strategy.run` (`replica_batch`). The order is the
   subclass's: `ArrayOrderGather` (computed in-graph), `StreamedIdsGather` (ids
@@ -77,11 +78,11 @@ class GatherInput:
     del iterator  # None: the loop call needs none.
     return micro_step
 
+  @abc.abstractmethod
   def replica_batch(self, step_input, arrays):
     """This replica's batch of one micro-step (its `step_input`), from its copy
     `arrays` of the data (`self.arrays`, passed through strategy.run); call in a
     replica context."""
-    raise NotImplementedError
 
   def _positions(self, step_input):
     """This replica's positions in the order: `[s*B + r*b, s*B + (r+1)*b)`."""

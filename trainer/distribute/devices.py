@@ -1,5 +1,6 @@
 """Which devices a run uses, and the tf.distribute strategy over them."""
 
+import errno
 import json
 import os
 import socket
@@ -170,36 +171,45 @@ def _multi_worker_strategy(config):
                       "TensorFlow was already initialised here" + _started_note()
                       ) from None
   except tf.errors.UnknownError as e:
-    # Taken between the check and TensorFlow's bind.
+    # Maybe taken between the check and TensorFlow's bind; else gRPC's own.
     if "Could not start gRPC server" not in str(e):
       raise
-    raise _busy_port_error(config, resolver, checked=False) from None
+    busy = _busy_port_error(config, resolver)
+    if busy is None:
+      raise
+    raise busy from None
 
 
-def _busy_port_error(config, resolver, *, checked: bool = True):
+def _busy_port_error(config, resolver):
   """The ConfigError of this worker's own port when another process listens
   there (gRPC would fail to start its server with a traceback while the other
-  workers wait), else None; with checked=False, the error without looking."""
-  address = resolver.cluster_spec().task_address(resolver.task_type,
-                                                 resolver.task_id)
+  workers wait), else None (other bind errors are left to TensorFlow)."""
+  spec = resolver.cluster_spec()  # Sets a SLURM resolver's task type and id.
+  task_type, task_id = resolver.task_type, resolver.task_id
+  address = spec.task_address(task_type, task_id)
   port = int(address.rpartition(":")[2])
-  if checked:
+  try:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
       # As gRPC binds: an earlier run's connections in TIME_WAIT are no
       # obstacle, a listener on any of this machine's addresses is.
       probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-      try:
-        probe.bind(("", port))
-        return None
-      except OSError:
-        pass
-  where = ("SLURM's resolver gives a node's tasks ports 8888 and up"
-           if config.cluster_resolver == "slurm" else "TF_CONFIG names it")
+      probe.bind(("", port))
+      return None
+  except OSError as e:
+    if e.errno != errno.EADDRINUSE:
+      return None
+  if config.cluster_resolver == "slurm":
+    return ConfigError(
+        f"--cluster_resolver=slurm: {task_type} {task_id}'s port {port} "
+        f"({address}) is in use by another process on this node; SLURM's resolver "
+        "gives a node's tasks ports 8888 and up: stop what listens there (`ss "
+        f"-ltnp 'sport = :{port}'` names it, e.g. a worker of an earlier job) or "
+        "run on another node")
   return ConfigError(
-      f"--strategy=multi_worker: {resolver.task_type} {resolver.task_id}'s port "
-      f"{port} ({address}; {where}) is in use by another process on this machine; "
-      f"stop what listens there (`ss -ltnp 'sport = :{port}'` names it, e.g. a "
-      "worker of an earlier job) or give this worker a free port")
+      f"TF_CONFIG: cluster.{task_type}[{task_id}] {address!r}: port {port} is in "
+      "use by another process on this machine; stop what listens there (`ss "
+      f"-ltnp 'sport = :{port}'` names it, e.g. a worker of an earlier job) or "
+      "give this worker a free port")
 
 
 def cluster_resolver(config: DistributeConfig):

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from trainer.errors import ModelDirError
 from trainer.outputs import run_dir
+from trainer.training import graph_passes
 from trainer.training.checkpoint_files import (CHECKPOINT_SUBDIR, checkpoint_steps,
                                                path_of)
 
@@ -115,9 +116,11 @@ def replay_to(trainer, train_data, checkpoints, *, model_dir: str, step: int,
                           checkpoints.record.lr_plateau_factor)
   iterator = trainer.train_iterator(train_data)
   for current in range(checkpoint_step + 1, step + 1):
+    # Compiled as the train loop is, so that it runs the graph training ran.
+    with graph_passes.applied(trainer.lean_graph_passes):
+      diagnosed = trainer.diagnose_step(trainer.loop_input(iterator, 1))
     outputs = {k: (v.numpy() if hasattr(v, "numpy") else [t.numpy() for t in v])
-               for k, v in trainer.diagnose_step(
-                   trainer.loop_input(iterator, 1)).items()}
+               for k, v in diagnosed.items()}
     if on_step is not None:
       on_step()
     if current == step or (stop_at_nonfinite and not _finite(outputs)):

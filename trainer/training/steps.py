@@ -61,14 +61,14 @@ def replica_batch_error(error: tf.errors.InvalidArgumentError):
       "size is not per_replica_batch_size x replicas)")
 
 
-def call_checked(loop, *args, graph_options=None, explain_input_error=None):
-  """Calls a train or eval loop, compiled (at its first call) with
-  `graph_options` (graph_passes.for_strategy's; None: TensorFlow's); its in-graph
-  batch assertion becomes a ReplicaBatchError naming the replica, and an error
+def call_checked(loop, *args, lean_graph_passes=False, explain_input_error=None):
+  """Calls a train or eval loop, compiled with graph_passes' lean passes where
+  `lean_graph_passes` (Trainer.lean_graph_passes); its in-graph batch assertion
+  becomes a ReplicaBatchError naming the replica, and an error
   `explain_input_error(error)` explains (a bad record: a DataError) becomes that
   error; others pass through."""
   try:
-    with graph_passes.applied(graph_options):
+    with graph_passes.applied(lean_graph_passes):
       return loop(*args)
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
     error = (replica_batch_error(e) if isinstance(e, tf.errors.InvalidArgumentError)

@@ -54,8 +54,8 @@ class Trainer:
     gather: data.GatherInput when the replicas gather arrays in-graph (the loops
       then take no iterator), else None.
     gather_eval: gather eval arrays in-graph too (--array_input=gather).
-    graph_options: the function options the loops are compiled with
-      (graph_passes.for_strategy; None: TensorFlow's).
+    lean_graph_passes: compile the loops and the diagnose step with
+      graph_passes' lean Grappler passes (graph_passes.lean_for).
   """
   task: Task
   objective: Objective
@@ -83,7 +83,7 @@ class Trainer:
   gather: object
   _stop_vote: object
   gather_eval: bool = False
-  graph_options: object = None
+  lean_graph_passes: bool = False
   _eval_loops: dict = dataclasses.field(default_factory=dict)
 
   @classmethod
@@ -154,7 +154,7 @@ class Trainer:
                diagnose_step=train.diagnose, build_eval_loop=build_eval_loop,
                gather=gather_input,
                _stop_vote=steps.make_stop_vote(strategy), gather_eval=gather_eval,
-               graph_options=graph_passes.for_strategy(strategy))
+               lean_graph_passes=graph_passes.lean_for(strategy))
 
   @property
   def step(self) -> int:
@@ -241,7 +241,8 @@ class Trainer:
   def train_iterator(self, train_data: TaskData):
     """What the train loop reads from the global step on: the distributed
     iterator of training batches; with in-graph gathering, None (arrays: the
-    order is computed in-graph) or a host iterator of ids (decoded records)."""
+    order is computed in-graph) or a host reader of ids (decoded records, a
+    dataset held in memory: data.gather.StreamedIdsGather)."""
     # Each update reads --grad_accum_steps global batches of the stream.
     if self.gather is not None:
       return self.gather.iterator(self.step * self.accum_steps)
@@ -269,7 +270,7 @@ class Trainer:
                 // self.cluster.num_pipelines)
     outputs = steps.call_checked(
         self.train_loop, self.loop_input(iterator, int(num_steps)), num_steps,
-        graph_options=self.graph_options,
+        lean_graph_passes=self.lean_graph_passes,
         explain_input_error=lambda e: train_data.explain_error(
             e, self.cluster, split="train", step=step, order=self.order,
             position=step * per_step, records=int(num_steps) * per_step))
@@ -310,7 +311,8 @@ class Trainer:
       iterator, num_batches = None, gather.eval_steps
     with self.evaluated_weights():
       streaming = steps.call_checked(
-          loop, iterator, tf.constant(num_batches), graph_options=self.graph_options,
+          loop, iterator, tf.constant(num_batches),
+          lean_graph_passes=self.lean_graph_passes,
           explain_input_error=lambda e: eval_data.explain_error(
               e, self.cluster, split="eval", step=self.step))
     self.eval_ledger.check(expected_batches=num_batches,
@@ -328,8 +330,8 @@ class Trainer:
 
 
   def _eval_loop_of(self, eval_data: TaskData) -> tuple:
-    """(eval loop, data.GatherInput or None) for an eval split, built at its
-    first evaluation: arrays are gathered in-graph where training's are (no
+    """(eval loop, data.gather.EvalGather or None) for an eval split, built at
+    its first evaluation: arrays are gathered in-graph where training's are (no
     iterator to build per evaluation, no get_next per step)."""
     key = id(eval_data)
     if key not in self._eval_loops:
