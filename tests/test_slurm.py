@@ -182,6 +182,9 @@ def test_a_busy_worker_port_stops_the_job_with_one_line_naming_it(slurm, tmp_pat
   # srun --kill-on-bad-exit: the worker that cannot listen stops the others, which
   # would otherwise wait for it.
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    # The earlier jobs' connections to 8888 may wait in TIME_WAIT: a listener
+    # with SO_REUSEADDR (as gRPC's) binds over them.
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     taken.bind(("127.0.0.1", WORKER_PORTS[0]))
     taken.listen()
     result = slurm.run("srun", "--kill-on-bad-exit=1", *TASKS, *trainer_command(
