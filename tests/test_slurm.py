@@ -143,9 +143,12 @@ def test_cancelled_batch_job_resumes_on_resubmission(slurm, tmp_path):
   assert slurm.run("scancel", job).returncode == 0
   assert slurm.wait_until_done(job, timeout=TIMEOUT) == "CANCELLED"
   log = read(output)
-  stopped = re.search(r"^SIGTERM: saved a checkpoint at step (\d+)", log, re.M)
+  # SLURM signals the tasks one after the other: the chief names SIGTERM when it
+  # had the signal by the stop vote, else the stop request another worker had.
+  stopped = re.search(r"^(?:SIGTERM: saved a checkpoint at step (\d+)|a stop "
+                      r"request at step (\d+): saved a checkpoint)", log, re.M)
   assert stopped, log[-3000:]
-  step = int(stopped[1])
+  step = int(stopped[1] or stopped[2])
   assert re.search(r"Exited with exit code 4$", log, re.M), log[-3000:]
   assert not re.search(r"exit code (?!4$)", log, re.M), log[-3000:]
   interrupted = read_results(model_dir)
