@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import slurm_cluster
+from trainer.distribute import devices
 from conftest import (REPO, assert_bit_identical, checkpoint_values, cli_env,
                       read_results, run_cli)
 
@@ -38,21 +39,9 @@ WORKER_PORTS = (8888, 8889)
 TIMEOUT = 300  # Seconds any one run or wait may take before the test fails.
 
 
-def _port_in_use(port):
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    # As gRPC binds: connections of an earlier run waiting in TIME_WAIT are no
-    # obstacle, a listener is.
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-      s.bind(("127.0.0.1", port))
-    except OSError:
-      return True
-    return False
-
-
 @pytest.fixture(scope="module")
 def slurm():
-  busy = [port for port in WORKER_PORTS if _port_in_use(port)]
+  busy = [port for port in WORKER_PORTS if devices.port_in_use(port)]
   if busy:
     pytest.skip(f"port {busy[0]} on 127.0.0.1 is in use: SLURM's workers need "
                 f"{WORKER_PORTS[0]}-{WORKER_PORTS[-1]} (SlurmClusterResolver's "

@@ -180,36 +180,41 @@ def _multi_worker_strategy(config):
     raise busy from None
 
 
+def port_in_use(port: int) -> bool:
+  """Whether another process listens on `port` of any of this machine's
+  addresses, as a gRPC server binding it would find: an earlier run's
+  connections in TIME_WAIT are no obstacle (SO_REUSEADDR), and a bind error other
+  than EADDRINUSE is not "in use" (TensorFlow reports its own)."""
+  try:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      probe.bind(("", port))
+  except OSError as e:
+    return e.errno == errno.EADDRINUSE
+  return False
+
+
 def _busy_port_error(config, resolver):
   """The ConfigError of this worker's own port when another process listens
   there (gRPC would fail to start its server with a traceback while the other
-  workers wait), else None (other bind errors are left to TensorFlow)."""
+  workers wait), else None."""
   spec = resolver.cluster_spec()  # Sets a SLURM resolver's task type and id.
   task_type, task_id = resolver.task_type, resolver.task_id
   address = spec.task_address(task_type, task_id)
   port = int(address.rpartition(":")[2])
-  try:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-      # As gRPC binds: an earlier run's connections in TIME_WAIT are no
-      # obstacle, a listener on any of this machine's addresses is.
-      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-      probe.bind(("", port))
-      return None
-  except OSError as e:
-    if e.errno != errno.EADDRINUSE:
-      return None
+  if not port_in_use(port):
+    return None
+  stop = (f"stop what listens there (`ss -ltnp 'sport = :{port}'` names it, e.g. "
+          "a worker of an earlier job)")
   if config.cluster_resolver == "slurm":
     return ConfigError(
         f"--cluster_resolver=slurm: {task_type} {task_id}'s port {port} "
         f"({address}) is in use by another process on this node; SLURM's resolver "
-        "gives a node's tasks ports 8888 and up: stop what listens there (`ss "
-        f"-ltnp 'sport = :{port}'` names it, e.g. a worker of an earlier job) or "
-        "run on another node")
+        f"gives a node's tasks ports 8888 and up: {stop} or run on another node")
   return ConfigError(
       f"TF_CONFIG: cluster.{task_type}[{task_id}] {address!r}: port {port} is in "
-      "use by another process on this machine; stop what listens there (`ss "
-      f"-ltnp 'sport = :{port}'` names it, e.g. a worker of an earlier job) or "
-      "give this worker a free port")
+      f"use by another process on this machine; {stop} or give this worker a "
+      "free port")
 
 
 def cluster_resolver(config: DistributeConfig):
