@@ -221,6 +221,11 @@ class OptimizationConfig:
   mixed_precision: str = field("none", "none, mixed_bfloat16 or mixed_float16 (with "
                                "loss scaling).", choices=MIXED_PRECISION, layout=True)
   jit_compile: bool = field(False, "Compile the replica step with XLA.")
+  fused_optimizer: bool = field(
+      True, "Update with --optimizer=adam and adamw as TensorFlow's fused Adam "
+      "kernel, one op per variable (faster; it rounds the constants 1 - beta as "
+      "float32, so weights differ from Keras's Adam in the last digits); false: "
+      "Keras's element-wise ops. A task's own optimizer is used as it is.")
   class_weight: Optional[str] = field(
       None, "CLASS:WEIGHT,...: weigh each example's training loss by its class, "
       "as Keras fit(class_weight=...) does, e.g. 0:1,1:50 (classes not named "

@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 from trainer.config import OptimizationConfig
-from trainer.training import schedules
+from trainer.training import fused_adam, schedules
 from trainer.training.train_loop import UpdateRule
 
 
@@ -19,7 +19,9 @@ def build_optimizer(optimization: OptimizationConfig,
   """`task_optimizer` (Task.build_optimizer's) if any, else --optimizer at
   --learning_rate.
 
-  The rate is then driven by the train loop (--lr_schedule). Under
+  The rate is then driven by the train loop (--lr_schedule). Adam and AdamW
+  update with one fused op per variable unless --fused_optimizer=false
+  (trainer.training.fused_adam); a task's own optimizer is used as it is. Under
   --mixed_precision=mixed_float16 it is wrapped for dynamic loss scaling. Call it
   inside `strategy.scope()`.
   """
@@ -28,9 +30,11 @@ def build_optimizer(optimization: OptimizationConfig,
   if optimizer is None:
     rate = o.learning_rate
     if o.optimizer == "adam":
-      optimizer = keras.optimizers.Adam(rate)
+      adam = fused_adam.FusedAdam if o.fused_optimizer else keras.optimizers.Adam
+      optimizer = adam(rate)
     elif o.optimizer == "adamw":
-      optimizer = keras.optimizers.AdamW(rate, weight_decay=o.weight_decay)
+      adamw = fused_adam.FusedAdamW if o.fused_optimizer else keras.optimizers.AdamW
+      optimizer = adamw(rate, weight_decay=o.weight_decay)
     elif o.optimizer == "lion":
       optimizer = keras.optimizers.Lion(rate, weight_decay=o.weight_decay or None)
     elif o.optimizer == "sgd":
