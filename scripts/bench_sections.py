@@ -3,7 +3,9 @@
   streams     TFRecord files (digits as PNG: decode-bound; synthetic 28x28 float32
               as raw bytes: model-bound) and an unbatched tf.data.Dataset task:
               trainer against Keras fit on the usual pipeline, and against the
-              trainer on the same examples as in-memory arrays
+              trainer on the same examples as in-memory arrays; the task also
+              with --fused_optimizer=false (Keras's own Adam ops, as Keras fit
+              updates), to show the loop's margin apart from the fused kernel
   evaluation  in-training evaluations and --mode=eval against Keras evaluate on the
               same split, model and strategy; evaluation against training speed;
               the time evaluations add to a run
@@ -37,6 +39,9 @@ TARGETS = {"trainer / keras_fit_records": 1.3, "trainer_tfdata / keras_fit_tfdat
            "eval / keras_evaluate": 1.2, "eval_mode / keras_evaluate": 1.2,
            "eval / train": 1.5, "startup_minus_import_s": 1.0,
            "rows / no rows": 0.98}
+# The tf.data task with Keras's element-wise Adam (--fused_optimizer=false), as the
+# Keras peers update: shown, no target.
+UNFUSED = "trainer_tfdata (Keras's Adam ops)"
 
 
 def rate(result):
@@ -84,6 +89,9 @@ def streams(run_variant, args, scratch) -> list:
     if dataset == "synthetic":
       variants["trainer_tfdata"] = run_variant("trainer_tfdata", extra=arrays,
                                                **common)
+      # Without the fused Adam kernel: the loop's own margin over Keras fit.
+      variants[UNFUSED] = run_variant(
+          "trainer_tfdata", extra=[*arrays, "--fused_optimizer=false"], **common)
       variants["keras_fit_tfdata"] = run_variant("keras_fit_tfdata",
                                                  extra=[*arrays, *steps], **common)
     rows.append({"dataset": dataset, "variants": variants,
@@ -104,6 +112,9 @@ def _stream_ratios(speed: dict) -> dict:
                                                          speed["keras_fit_tfdata"])
     ratios["trainer_tfdata / arrays"] = ratio(speed["trainer_tfdata"],
                                                speed["trainer (arrays)"])
+  if UNFUSED in speed:
+    ratios[f"{UNFUSED} / keras_fit_tfdata"] = ratio(speed[UNFUSED],
+                                                    speed["keras_fit_tfdata"])
   return ratios
 
 

@@ -67,7 +67,8 @@ def variant_config(args, **overrides):
                 per_replica_batch_size=args.per_replica_batch_size, optimizer="adam",
                 learning_rate=1e-3, seed=0, steps_per_loop=args.steps_per_loop,
                 mixed_precision=args.mixed_precision, jit_compile=args.jit_compile,
-                summary_every=getattr(args, "summary_every", 0))
+                summary_every=getattr(args, "summary_every", 0),
+                fused_optimizer=getattr(args, "fused_optimizer", True))
   values.update(overrides)
   data_flags = [f"--dataset={args.dataset}", "--synthetic_shape=28,28,1",
                 f"--synthetic_examples={getattr(args, 'synthetic_examples', 4096)}"]
@@ -430,6 +431,9 @@ def main():
                       help="trainer variants: total steps (default: the windows)")
   parser.add_argument("--mixed_precision", default="none")
   parser.add_argument("--jit_compile", action="store_true")
+  parser.add_argument("--fused_optimizer", default="true", choices=("true", "false"),
+                      help="trainer variants: Adam as one fused op per variable "
+                      "(the trainer's default) or as Keras's element-wise ops")
   parser.add_argument("--synthetic_examples", type=int, default=4096)
   parser.add_argument("--summary_every", type=int, default=0,
                       help="trainer variants: steps between summary points")
@@ -437,6 +441,7 @@ def main():
                       help="TFRecord shards (train-*; test-* beside them)")
   args = parser.parse_args()
   args.global_batch = args.per_replica_batch_size * args.replicas
+  args.fused_optimizer = args.fused_optimizer == "true"
   tf_loader.load_tensorflow()
   runners = {
       "trainer": lambda: run_trainer(args, summaries=True),
