@@ -18,10 +18,11 @@
               the default run's digits and the cnn cell's synthetic data
 
 Each ratio is measured side by side in one invocation, every variant in its own
-process (streams, evaluation and start-up: the median of --repeats runs, at least
-3 for start-up; streams and start-up also give the ratio of the fastest repeats,
-a quiet machine's estimate where some processes run at half speed); nothing here
-is asserted by a test.
+process: the median of --repeats runs (at least 3 for start-up and history), run
+in rounds of one run of each variant, so that a slow spell of the machine hits
+every side alike. Streams and start-up also give the ratio of the fastest
+repeats, a quiet machine's estimate where some processes run at half speed.
+Nothing here is asserted by a test.
 """
 
 import json
@@ -80,20 +81,20 @@ def streams(run_variant, args, scratch) -> list:
     common = dict(model="cnn", dataset=dataset, replicas=2, args=args)
     arrays = ["--synthetic_examples=2048"]
     steps = [f"--steps_per_execution={args.steps_per_loop}"]
-    variants = {
-        "trainer (records)": run_variant("trainer", extra=[f"--train_files={files}"],
-                                         **common),
-        "keras_fit_records": run_variant(
-            "keras_fit_records", extra=[f"--train_files={files}", *steps], **common),
-        "trainer (arrays)": run_variant("trainer", extra=arrays, **common)}
+    specs = {
+        "trainer (records)": dict(variant="trainer", extra=[f"--train_files={files}"],
+                                  **common),
+        "keras_fit_records": dict(variant="keras_fit_records",
+                                  extra=[f"--train_files={files}", *steps], **common),
+        "trainer (arrays)": dict(variant="trainer", extra=arrays, **common)}
     if dataset == "synthetic":
-      variants["trainer_tfdata"] = run_variant("trainer_tfdata", extra=arrays,
-                                               **common)
+      specs["trainer_tfdata"] = dict(variant="trainer_tfdata", extra=arrays, **common)
       # Without the fused Adam kernel: the loop's own margin over Keras fit.
-      variants[UNFUSED] = run_variant(
-          "trainer_tfdata", extra=[*arrays, "--fused_optimizer=false"], **common)
-      variants["keras_fit_tfdata"] = run_variant("keras_fit_tfdata",
-                                                 extra=[*arrays, *steps], **common)
+      specs[UNFUSED] = dict(variant="trainer_tfdata",
+                            extra=[*arrays, "--fused_optimizer=false"], **common)
+      specs["keras_fit_tfdata"] = dict(variant="keras_fit_tfdata",
+                                       extra=[*arrays, *steps], **common)
+    variants = interleaved(run_variant, args.repeats, specs)
     rows.append({"dataset": dataset, "variants": variants,
                  "ratios": _stream_ratios({n: rate(r) for n, r in variants.items()}),
                  "fastest_ratios": _stream_ratios(
@@ -124,18 +125,20 @@ def evaluation(run_variant, args) -> dict:
   common = dict(model="cnn", dataset="synthetic", replicas=2, args=args,
                 extra=["--synthetic_examples=16384",
                        f"--steps_per_execution={args.steps_per_loop}"])
-  ours, keras_ = run_variant("trainer_eval", **common), run_variant("keras_evaluate",
-                                                                   **common)
   # Training alone: trainer_eval's own training rate counts its evaluations.
-  train = run_variant("trainer", **common)
-  return {"variants": {"trainer_eval": ours, "keras_evaluate": keras_,
-                       "trainer (training alone)": train},
+  variants = interleaved(run_variant, args.repeats, {
+      "trainer_eval": dict(variant="trainer_eval", **common),
+      "keras_evaluate": dict(variant="keras_evaluate", **common),
+      "trainer (training alone)": dict(variant="trainer", **common)})
+  ours, keras_ = variants["trainer_eval"], variants["keras_evaluate"]
+  return {"variants": variants,
           "ratios": {
               "eval / keras_evaluate": ratio(rate(ours), rate(keras_)),
               "eval_mode / keras_evaluate": ratio(
                   ours.get("eval_mode_examples_per_second"),
                   keras_.get("first_call_examples_per_second")),
-              "eval / train": ratio(rate(ours), rate(train)),
+              "eval / train": ratio(rate(ours), rate(
+                  variants["trainer (training alone)"])),
               "eval_share_of_run": ours.get("eval_share_of_run")}}
 
 
@@ -206,48 +209,43 @@ def history(run_variant, args) -> list:
   over --repeats (at least 3), the median of each."""
   rows = []
   for dataset in ("digits", "synthetic"):
-    runs = {"rows": [], "no rows": []}
-    for _ in range(max(3, args.repeats)):
-      for name, every in (("rows", 0), ("no rows", 10**9)):
-        runs[name].append(run_variant("trainer", model="cnn", dataset=dataset,
-                                      replicas=2, args=args,
-                                      extra=[f"--summary_every={every}"]))
-    variants = {}
-    for name, results in runs.items():
-      speeds = [rate(r) for r in results if rate(r)]
-      variants[name] = dict(results[-1], examples_per_second=statistics.median(
-          speeds) if speeds else None, repeats=[round(v) for v in speeds])
+    variants = interleaved(run_variant, max(3, args.repeats), {
+        name: dict(variant="trainer", model="cnn", dataset=dataset, replicas=2,
+                   args=args, extra=[f"--summary_every={every}"])
+        for name, every in (("rows", 0), ("no rows", 10**9))})
     rows.append({"dataset": dataset, "variants": variants, "ratios": {
         "rows / no rows": ratio(rate(variants["rows"]), rate(variants["no rows"]))}})
   return rows
 
 
-def median_of_repeats(run_variant, repeats: int):
-  """`run_variant` run `repeats` times, giving the result of median rate (with
-  every repeat's rate): single runs on this VM scatter, now and then by 2x."""
-
-  def run(*args, **kwargs):
-    results = [run_variant(*args, **kwargs) for _ in range(max(1, repeats))]
+def interleaved(run_variant, repeats: int, specs: dict) -> dict:
+  """{name: the result of median rate, with every repeat's rate} of each of
+  `specs` ({name: run_variant's keyword arguments}), run `repeats` times in
+  rounds of one run each: a slow spell of this VM (some processes run at half
+  speed for their whole life) hits every variant alike, not one's repeats."""
+  runs = {name: [] for name in specs}
+  for _ in range(max(1, repeats)):
+    for name, kwargs in specs.items():
+      runs[name].append(run_variant(**kwargs))
+  merged = {}
+  for name, results in runs.items():
     measured = sorted((r for r in results if rate(r)), key=rate)
-    if not measured:
-      return results[-1]
-    return dict(measured[(len(measured) - 1) // 2],
-                repeats=[round(rate(r)) for r in results if rate(r)])
-
-  return run
+    merged[name] = (dict(measured[(len(measured) - 1) // 2],
+                         repeats=[round(rate(r)) for r in measured])
+                    if measured else results[-1])
+  return merged
 
 
 def run_sections(names, *, run_variant, quickstart, args) -> dict:
   """The named sections' results (their variants and ratios)."""
   out = {}
-  repeated = median_of_repeats(run_variant, args.repeats)
   with tempfile.TemporaryDirectory() as scratch:
     for name in names:
       print(f"  section {name}", file=sys.stderr, flush=True)
       if name == "streams":
-        out[name] = streams(repeated, args, scratch)
+        out[name] = streams(run_variant, args, scratch)
       elif name == "evaluation":
-        out[name] = evaluation(repeated, args)
+        out[name] = evaluation(run_variant, args)
       elif name == "startup":
         out[name] = startup(quickstart, args.repeats)
       elif name == "workers":

@@ -127,6 +127,26 @@ def test_the_fastest_repeats_give_a_quiet_machines_ratio():
   assert bench_sections.fastest_rate({"error": "exit 1"}) is None
 
 
+def test_sections_run_their_variants_in_rounds_and_keep_the_median():
+  import sys
+  sys.path.insert(0, os.path.join(REPO, "scripts"))
+  import bench_sections
+  calls = []
+  speeds = {"a": iter([10.0, 30.0, 20.0]), "b": iter([5.0, None, 7.0])}
+
+  def run_variant(*, variant):
+    calls.append(variant)
+    speed = next(speeds[variant])
+    return {"examples_per_second": speed} if speed else {"error": "exit 1"}
+
+  merged = bench_sections.interleaved(run_variant, 3, {"A": dict(variant="a"),
+                                                       "B": dict(variant="b")})
+  assert calls == ["a", "b", "a", "b", "a", "b"]  # Rounds, not runs of one.
+  assert merged["A"] == {"examples_per_second": 20.0, "repeats": [10, 20, 30]}
+  # A failed repeat counts nowhere: the median of the two that measured.
+  assert merged["B"] == {"examples_per_second": 5.0, "repeats": [5, 7]}
+
+
 def test_a_process_knows_its_age_to_the_clock_tick():
   # results.json's time_to_first_step_s and the benchmarks' start-up use it. A
   # process's age from psutil's create_time() carries the boot time's fraction
