@@ -284,3 +284,36 @@ def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
   assert results["num_workers"] == 2
   assert results["eval"]["examples"] == {"regression": 89}.get(task, 77)
   assert results["replica_batches"] == {"replica_0": 40, "replica_1": 40}
+
+
+def test_a_worker_failing_alone_stops_the_others_in_one_line(tmp_path):
+  """Worker 1's Task.prepare raises (its own bad files, say): it tells the
+  cluster, and worker 0, waiting in its first collective, stops with one line
+  naming worker 1 and its error (exit 7), not a traceback blaming its own
+  Task.build_model, and not after a heartbeat timeout or --hang_timeout. Two
+  workers by hand (the launcher would stop worker 0 itself)."""
+  from trainer.distribute import launcher
+  ports = launcher.free_ports(2)
+  model_dir = str(tmp_path / "run")
+  env = cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "trainer.main", "--strategy=multi_worker",
+       "--task=user_tasks:PrepareFailsOffChief", "--cpu_devices=1",
+       "--train_steps=20", f"--model_dir={model_dir}"], cwd=REPO,
+      env=dict(env, TF_CONFIG=launcher.tf_config(ports, index)),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for index in range(2)]
+  try:
+    (_, chief_err), (_, worker_err) = [w.communicate(timeout=240) for w in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+  error = "Task.prepare raised RuntimeError: this worker's shard list is empty"
+  assert workers[1].returncode == 1, worker_err[-3000:]
+  assert worker_err.strip().splitlines()[-1].startswith(f"error: {error}")
+  assert workers[0].returncode == 7, chief_err[-3000:]
+  assert chief_err.strip().splitlines()[-1] == (
+      f"error: worker 1 failed: {error}; this worker stopped with it, and the "
+      "checkpoints written so far are kept. Mend that worker and rerun the same "
+      "command on every worker")
+  assert "Traceback" not in chief_err

@@ -5,8 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+import tensorflow as tf
+
 from conftest import REPO, TESTS, cli_env, read_results, run_cli
-from trainer.training import watchdog
+from trainer.errors import ConfigError, UserCodeError
+from trainer.training import peers, watchdog
 
 
 
@@ -24,6 +28,41 @@ def test_a_collective_error_names_the_peer_and_what_happened():
   assert watchdog.peer_of(message) == "worker 1"
   assert "tasks are unhealthy" in watchdog._gist(message)
   assert watchdog.peer_of("Graph execution error: timed out") is None
+
+
+def test_a_peers_failure_is_one_line_naming_it_and_what_it_said():
+  own = "/job:worker/replica:0/task:0/device:CPU:0"  # This worker's op, named first.
+  reported = tf.errors.AbortedError(None, None, (
+      f"{{{{function_node __wrapped__CollectiveBcastSend_device_{own}}}}} Collective "
+      "ops is aborted by: Error reported from /job:worker/task:1: Task.prepare "
+      "raised ValueError: bad shard\nThe error could be from a previous "
+      "operation. [Op:CollectiveBcastSend]"))
+  assert peers.peer_failure(reported) == (
+      "worker 1 failed: Task.prepare raised ValueError: bad shard")
+  # Met inside a task method (the variables' broadcast in Task.build_model): the
+  # peer's, not the method's.
+  in_method = UserCodeError("Task.build_model", reported)
+  in_method.__cause__ = reported  # As errors.user_code raises it.
+  assert peers.peer_failure(in_method) == (
+      "worker 1 failed: Task.prepare raised ValueError: bad shard")
+  lost = tf.errors.UnavailableError(None, None, (
+      f"{own} Collective ops is aborted by: Error reported from /job:worker/task:1:"
+      " The following tasks are unhealthy (stopped sending heartbeats):\n"
+      "/job:worker/replica:0/task:1\nThe tasks have crashed."))
+  assert peers.peer_failure(lost) == (
+      "worker 1 stopped sending heartbeats (it crashed, was killed or was lost)")
+  assert peers.peer_failure(ValueError("Error reported from x")) is None
+  assert peers.peer_failure(tf.errors.UnavailableError(None, None, "timed out")) is None
+
+
+def test_outside_a_cluster_failures_pass_through_as_they_are():
+  with pytest.raises(ConfigError, match="^--flag: bad$"):
+    with peers.failures_shared():
+      raise ConfigError("--flag: bad")
+  with pytest.raises(peers.PeerFailedError, match="^worker 1 failed: x; this "):
+    with peers.failures_shared():
+      raise tf.errors.AbortedError(None, None, "Error reported from "
+                                   "/job:worker/task:1: x")
 
 
 def test_a_hung_loop_call_exits_7_with_stacks_and_a_rerun_resumes(model_dir):
@@ -80,7 +119,8 @@ def test_progress_renews_the_deadline_and_a_stalled_phase_still_exits_7(tmp_path
 
 _FULL_STDERR_SCRIPT = """
 import sys, threading, time
-from trainer.training import watchdog
+from trainer.errors import ConfigError, UserCodeError
+from trainer.training import peers, watchdog
 watchdog._STDERR_SECONDS = 1.0
 # Fill stderr's pipe (nobody reads it), so the report's own write blocks.
 threading.Thread(target=lambda: sys.stderr.write("x" * 10**6), daemon=True).start()

@@ -332,6 +332,18 @@ class BrokenPrepare(Quadratic):
 
 
 @dataclasses.dataclass
+class PrepareFailsOffChief(Quadratic):
+  """Its prepare() raises on every worker but the chief (its own bad files)."""
+
+  layout_fields = ()
+
+  def prepare(self, context):
+    if not context.is_chief:
+      raise RuntimeError("this worker's shard list is empty")
+    return super().prepare(context)
+
+
+@dataclasses.dataclass
 class MismatchedEval(Quadratic):
   """A mistake: eval features of another shape than the training ones."""
 

@@ -37,7 +37,8 @@ from trainer.outputs import export, run_dir
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries, markdown_flags
 from trainer.tasks import Task
-from trainer.training import announce, evaluation, optimizers, resume, setup
+from trainer.training import (announce, evaluation, optimizers, peers, resume,
+                              setup)
 from trainer.training.checkpoint_files import find_checkpoint, warm_start
 from trainer.training.controller import Controller
 from trainer.training.watchdog import HangWatchdog
@@ -53,15 +54,19 @@ def run(config: Config, task: Task = None, actions=()) -> dict:
 
   Raises:
     TrainerError: bad input, a locked model_dir, divergence, a ledger mismatch,
-      or user code that raised (UserCodeError).
+      user code that raised (UserCodeError), or another worker's failure
+      (peers.PeerFailedError).
   """
-  if config.mode == "eval":
-    # The run's own task and hyperparameters come from its flags.txt; a task
-    # instance given here replaces them (a Python caller's unimportable class).
-    return evaluation.evaluate_run(config, task)
-  config, task = setup.resolve_task(config.with_model_dir(), task)
-  with stop_on_signals() as stop_request:
-    return train(config, task, actions=list(actions), stop_request=stop_request)
+  # Under multi-worker, a failure of this worker alone is told to the others,
+  # which stop at once (and say so in one line) instead of waiting for it.
+  with peers.failures_shared():
+    if config.mode == "eval":
+      # The run's own task and hyperparameters come from its flags.txt; a task
+      # instance given here replaces them (a Python caller's unimportable class).
+      return evaluation.evaluate_run(config, task)
+    config, task = setup.resolve_task(config.with_model_dir(), task)
+    with stop_on_signals() as stop_request:
+      return train(config, task, actions=list(actions), stop_request=stop_request)
 
 
 def best_metric(config: Config, task: Task, reported) -> tuple:

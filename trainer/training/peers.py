@@ -1,0 +1,104 @@
+"""A worker's own failure, told to its peers at once; a peer's, told in one line.
+
+Under `--strategy=multi_worker` a worker that fails on its own (a bad record in
+its files, a task method that raises on it, a flag its environment refuses) would
+leave the others waiting in their next collective until TensorFlow's coordination
+service misses its heartbeats, or until the hang watchdog (--hang_timeout) stops
+them. Instead, `failures_shared` reports such an error to the cluster's
+coordination service before the worker exits: the others' collectives abort at
+once, and each stops with one line naming the worker that failed and why (exit 7,
+"a peer was lost"), keeping every checkpoint:
+
+  error: worker 1 failed: Task.prepare raised ValueError: ...; this worker stopped
+  with it, and the checkpoints written so far are kept. ...
+
+Errors every worker meets together (divergence, a ledger mismatch, a stop vote)
+are not reported: each worker ends on its own, as without a cluster.
+"""
+
+import contextlib
+import re
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from trainer.errors import ExitCode, TrainerError, UserCodeError, one_line
+from trainer.training.watchdog import PEER_ERRORS
+
+# The exits a worker can reach alone while the others wait for it; every worker
+# reaches the others at the same step (and the chief's export, UNEXPORTED, comes
+# after the others are done).
+OWN_FAILURES = (ExitCode.INTERNAL, ExitCode.BAD_INPUT, ExitCode.LOCKED,
+                ExitCode.NO_SPACE)
+# How TensorFlow says which worker's report aborted a collective, and which
+# workers stopped sending heartbeats.
+_REPORTED = "Error reported from "
+_UNHEALTHY = "unhealthy"
+
+
+class PeerFailedError(TrainerError):
+  """Another worker of the cluster failed (or was lost); this one stopped too."""
+  exit_code = ExitCode.HUNG
+
+
+def _tf_error(error):
+  """The TensorFlow error behind `error` (itself, or a user method's cause)."""
+  if isinstance(error, UserCodeError):
+    error = error.__cause__
+  return error if isinstance(error, PEER_ERRORS + (tf.errors.AbortedError,)) else None
+
+
+def _task_name(text: str) -> str:
+  """The first task `text` names ("/job:worker/task:1" -> "worker 1")."""
+  match = re.search(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", text)
+  return f"{match.group(1)} {match.group(2)}" if match else "a peer"
+
+
+def peer_failure(error):
+  """What a peer's failure that aborted this worker's collective says ("worker 1
+  failed: ..."), or None when `error` is not one."""
+  cause = _tf_error(error)
+  if cause is None:
+    return None
+  message = str(cause)
+  if _UNHEALTHY in message:  # Its own process ended without a report.
+    return (f"{_task_name(message.split(_UNHEALTHY, 1)[1])} stopped sending "
+            "heartbeats (it crashed, was killed or was lost)")
+  if _REPORTED in message:
+    reported = message.split(_REPORTED, 1)[1]
+    return f"{_task_name(reported)} failed: {one_line(reported.split(': ', 1)[-1])}"
+  return None
+
+
+def tell_peers(error):
+  """Reports `error` to the cluster's coordination service, if this process is a
+  worker of one; best effort (the service may be gone)."""
+  ctx = context.context()
+  if not ctx.coordination_service:
+    return
+  try:
+    ctx.report_error_to_cluster(tf.errors.ABORTED, one_line(error))
+  except Exception:  # noqa: BLE001 (the exit that follows says what went wrong)
+    pass
+
+
+@contextlib.contextmanager
+def failures_shared():
+  """Reports this worker's own failures in the block to its peers, and turns a
+  peer's failure into a one-line PeerFailedError.
+
+  Raises:
+    PeerFailedError: a collective in the block aborted because a peer failed.
+  """
+  try:
+    yield
+  except Exception as e:
+    peer = peer_failure(e)
+    if peer is not None:
+      raise PeerFailedError(
+          f"{peer}; this worker stopped with it, and the checkpoints written so "
+          "far are kept. Mend that worker and rerun the same command on every "
+          "worker") from e
+    if not isinstance(e, TrainerError) or e.exit_code in OWN_FAILURES:
+      tell_peers(e)
+    raise
