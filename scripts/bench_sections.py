@@ -18,11 +18,12 @@
               the default run's digits and the cnn cell's synthetic data
 
 Each ratio is measured side by side in one invocation, every variant in its own
-process: the median of --repeats runs (at least 3 for start-up and history), run
-in rounds of one run of each variant, so that a slow spell of the machine hits
-every side alike. Streams and start-up also give the ratio of the fastest
-repeats, a quiet machine's estimate where some processes run at half speed.
-Nothing here is asserted by a test.
+process: streams, evaluation, start-up and history take the median of --repeats
+runs (at least 3 for start-up and history; workers run once), in rounds of one
+run of each variant, so that a slow spell of the machine hits every side alike.
+Streams and start-up also give the ratio of the fastest repeats, a quiet
+machine's estimate where some processes run at half speed. Nothing here is
+asserted by a test.
 """
 
 import json
@@ -219,14 +220,18 @@ def history(run_variant, args) -> list:
 
 
 def interleaved(run_variant, repeats: int, specs: dict) -> dict:
-  """{name: the result of median rate, with every repeat's rate} of each of
-  `specs` ({name: run_variant's keyword arguments}), run `repeats` times in
-  rounds of one run each: a slow spell of this VM (some processes run at half
-  speed for their whole life) hits every variant alike, not one's repeats."""
+  """{name: the result of median rate (the lower middle of an even count), with
+  every repeat's rate, slowest first} of each of `specs` ({name: run_variant's
+  keyword arguments}), run `repeats` times in rounds of one run each: a slow
+  spell of this VM (some processes run at half speed for their whole life) hits
+  every variant alike, not one's repeats."""
   runs = {name: [] for name in specs}
-  for _ in range(max(1, repeats)):
-    for name, kwargs in specs.items():
-      runs[name].append(run_variant(**kwargs))
+  names = list(specs)
+  for round_ in range(max(1, repeats)):
+    # Each round starts one variant later: none always runs after the same one.
+    shift = round_ % len(names)
+    for name in names[shift:] + names[:shift]:
+      runs[name].append(run_variant(**specs[name]))
   merged = {}
   for name, results in runs.items():
     measured = sorted((r for r in results if rate(r)), key=rate)

@@ -141,9 +141,10 @@ def test_sections_run_their_variants_in_rounds_and_keep_the_median():
 
   merged = bench_sections.interleaved(run_variant, 3, {"A": dict(variant="a"),
                                                        "B": dict(variant="b")})
-  assert calls == ["a", "b", "a", "b", "a", "b"]  # Rounds, not runs of one.
+  # Rounds, not runs of one; each round starts one variant later.
+  assert calls == ["a", "b", "b", "a", "a", "b"]
   assert merged["A"] == {"examples_per_second": 20.0, "repeats": [10, 20, 30]}
-  # A failed repeat counts nowhere: the median of the two that measured.
+  # A failed repeat counts nowhere: the lower middle of the two that measured.
   assert merged["B"] == {"examples_per_second": 5.0, "repeats": [5, 7]}
 
 

@@ -117,3 +117,16 @@ def test_a_run_resumes_across_the_flag(tmp_path):
   assert any("optimizer" in key for key in a)
   for key in a:
     np.testing.assert_allclose(a[key], b[key], rtol=1e-3, atol=1e-4, err_msg=key)
+
+
+def test_a_run_older_than_the_flag_is_rebuilt_as_it_trained(tmp_path):
+  # Evaluation, replay and trainer.load rebuild a run from its flags.txt: one
+  # written before --fused_optimizer existed trained with Keras's own Adam ops.
+  from trainer.training import open_run
+  old, new = tmp_path / "old", tmp_path / "new"
+  for run, lines in ((old, ["--optimizer=adam"]),
+                     (new, ["--optimizer=adam", "--fused_optimizer=true"])):
+    run.mkdir()
+    (run / "flags.txt").write_text("\n".join(lines) + "\n")
+  assert open_run.run_config(str(old)).fused_optimizer is False
+  assert open_run.run_config(str(new)).fused_optimizer is True

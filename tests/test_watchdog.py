@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, TESTS, cli_env, read_results, run_cli
-from trainer.errors import ConfigError, UserCodeError
+from trainer.errors import ConfigError, DivergedError, UserCodeError
 from trainer.training import peers, watchdog
 
 
@@ -53,6 +53,23 @@ def test_a_peers_failure_is_one_line_naming_it_and_what_it_said():
       "worker 1 stopped sending heartbeats (it crashed, was killed or was lost)")
   assert peers.peer_failure(ValueError("Error reported from x")) is None
   assert peers.peer_failure(tf.errors.UnavailableError(None, None, "timed out")) is None
+
+
+def test_only_a_failure_a_worker_can_meet_alone_is_told_to_the_peers(monkeypatch):
+  told = []
+  monkeypatch.setattr(peers, "tell_peers", told.append)
+  errors = {"own flag": ConfigError("--flag: bad"),
+            "a bug": IndexError("list index out of range"),
+            "every worker's": DivergedError("loss is nan at step 4"),
+            "a collective's": tf.errors.UnavailableError(None, None, "Socket closed"),
+            "a peer's": tf.errors.AbortedError(None, None, "Error reported from "
+                                               "/job:worker/task:1: x")}
+  for error in errors.values():
+    # As it was, or (a peer's) as a PeerFailedError.
+    with pytest.raises((type(error), peers.PeerFailedError)):
+      with peers.failures_shared():
+        raise error
+  assert told == [errors["own flag"], errors["a bug"]]
 
 
 def test_outside_a_cluster_failures_pass_through_as_they_are():
@@ -119,8 +136,7 @@ def test_progress_renews_the_deadline_and_a_stalled_phase_still_exits_7(tmp_path
 
 _FULL_STDERR_SCRIPT = """
 import sys, threading, time
-from trainer.errors import ConfigError, UserCodeError
-from trainer.training import peers, watchdog
+from trainer.training import watchdog
 watchdog._STDERR_SECONDS = 1.0
 # Fill stderr's pipe (nobody reads it), so the report's own write blocks.
 threading.Thread(target=lambda: sys.stderr.write("x" * 10**6), daemon=True).start()

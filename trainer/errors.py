@@ -23,7 +23,7 @@ class ExitCode(enum.IntEnum):
   INTERRUPTED = 4  # SIGTERM/SIGINT: checkpoint saved, rerun to resume.
   LOCKED = 5  # Another live run holds the model_dir.
   REPLICA_BATCH = 6  # A replica did not get exactly one full batch per step.
-  HUNG = 7  # A phase ran past --hang_timeout or a peer was lost: see hang-*.txt.
+  HUNG = 7  # Past --hang_timeout, or a peer lost or failed: hang-*.txt, last line.
   UNEXPORTED = 8  # Trained, but the export failed: a rerun retries the export.
   NO_SPACE = 9  # The disk filled up: every earlier checkpoint is kept.
 

@@ -56,7 +56,8 @@ def describe_exit(returncode: int) -> str:
     except ValueError:
       return f"killed by signal {-returncode}"
   if returncode == _HUNG:
-    return f"exit code {_HUNG} (a hang or a lost peer; its hang-*.txt says where)"
+    return (f"exit code {_HUNG} (a hang, or a peer lost or failed; its hang-*.txt "
+            "or last line says where)")
   return f"exit code {returncode}"
 
 

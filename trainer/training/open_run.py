@@ -26,6 +26,11 @@ DEVICE_FIELDS = tuple(f for f in DistributeConfig.__dataclass_fields__) + (
     "summaries",)
 
 
+# Flags whose default changed what training does, with the value a run whose
+# flags.txt predates them trained as: its evaluation, replay and load rebuild it so.
+PREDATED_FLAGS = {"fused_optimizer": False}
+
+
 def run_config(model_dir: str, *, say=print) -> config_lib.Config:
   """The configuration the run in `model_dir` trained with.
 
@@ -40,14 +45,19 @@ def run_config(model_dir: str, *, say=print) -> config_lib.Config:
     raise ModelDirError(f"--model_dir={model_dir}: no {run_dir.FLAGS_FILE}, not a "
                         "trainer run")
   try:
-    return config_lib.load_flagfile(flags_path)
+    config = config_lib.load_flagfile(flags_path)
+    named = config_lib.read_flagfile(flags_path) or {}
   except ConfigError as e:
     recorded = _recorded_flags(model_dir)
     if recorded is None:
       raise
     say(f"note: {flags_path} does not parse ({e}); using the flags its newest "
         "checkpoint recorded")
-    return config_lib.from_argv(recorded)
+    config = config_lib.from_argv(recorded)
+    named = {line[2:].split("=", 1)[0] for line in recorded}
+  # A run older than a flag trained as the flag's old behaviour, not its default.
+  return config.replace(**{name: value for name, value in PREDATED_FLAGS.items()
+                           if name not in named})
 
 
 def _recorded_flags(model_dir: str) -> Optional[list]:

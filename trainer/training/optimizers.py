@@ -11,7 +11,8 @@ from trainer.training.train_loop import UpdateRule
 
 
 # The flags a task's own optimizer (Task.build_optimizer) makes moot.
-TASK_OPTIMIZER_IGNORES = ("optimizer", "learning_rate", "momentum", "weight_decay")
+TASK_OPTIMIZER_IGNORES = ("optimizer", "learning_rate", "momentum", "weight_decay",
+                          "fused_optimizer")
 
 
 def build_optimizer(optimization: OptimizationConfig,

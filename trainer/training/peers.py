@@ -12,12 +12,13 @@ once, and each stops with one line naming the worker that failed and why (exit 7
   error: worker 1 failed: Task.prepare raised ValueError: ...; this worker stopped
   with it, and the checkpoints written so far are kept. ...
 
-Errors every worker meets together (divergence, a ledger mismatch, a stop vote)
+Ends every worker meets at the same step (divergence, a ledger mismatch, a stop)
 are not reported: each worker ends on its own, as without a cluster.
 """
 
 import contextlib
 import re
+import threading
 
 import tensorflow as tf
 from tensorflow.python.eager import context
@@ -25,15 +26,20 @@ from tensorflow.python.eager import context
 from trainer.errors import ExitCode, TrainerError, UserCodeError, one_line
 from trainer.training.watchdog import PEER_ERRORS
 
-# The exits a worker can reach alone while the others wait for it; every worker
+# The exits a worker can reach alone while the others wait for it. Every worker
 # reaches the others at the same step (and the chief's export, UNEXPORTED, comes
-# after the others are done).
+# after the others are done). Some of these every worker may also meet at once
+# (a flag all of them refuse): each then stops with its own line, or, if a
+# peer's report comes first, with the peer's line naming the same error.
 OWN_FAILURES = (ExitCode.INTERNAL, ExitCode.BAD_INPUT, ExitCode.LOCKED,
                 ExitCode.NO_SPACE)
 # How TensorFlow says which worker's report aborted a collective, and which
 # workers stopped sending heartbeats.
 _REPORTED = "Error reported from "
-_UNHEALTHY = "unhealthy"
+_UNHEALTHY = "unhealthy (stopped sending heartbeats)"
+# The report is an RPC to the coordination service without a deadline: a worker
+# whose chief is stopped or gone waits at most this long before its own exit.
+REPORT_SECONDS = 5.0
 
 
 class PeerFailedError(TrainerError):
@@ -72,14 +78,34 @@ def peer_failure(error):
 
 def tell_peers(error):
   """Reports `error` to the cluster's coordination service, if this process is a
-  worker of one; best effort (the service may be gone)."""
+  worker of one; best effort (the service may be gone), and bounded by
+  REPORT_SECONDS."""
   ctx = context.context()
   if not ctx.coordination_service:
     return
-  try:
-    ctx.report_error_to_cluster(tf.errors.ABORTED, one_line(error))
-  except Exception:  # noqa: BLE001 (the exit that follows says what went wrong)
-    pass
+  what = one_line(error)
+  if not isinstance(error, TrainerError):  # A bug's message may not name it.
+    what = f"{type(error).__name__}: {what}"
+
+  def report():
+    try:
+      ctx.report_error_to_cluster(tf.errors.ABORTED, what)
+    except Exception:  # noqa: BLE001 (the exit that follows says what went wrong)
+      pass
+
+  reporter = threading.Thread(target=report, name="tell-peers", daemon=True)
+  reporter.start()
+  reporter.join(REPORT_SECONDS)
+
+
+def reported(error) -> bool:
+  """Whether `failures_shared` tells the peers of `error`: a failure this worker
+  can meet alone (exit 1, 2, 5, 9), not a collective's own error (a peer's, or
+  one it cannot tell apart from a peer's) and not an end every worker meets at
+  the same step."""
+  if _tf_error(error) is not None:
+    return False
+  return not isinstance(error, TrainerError) or error.exit_code in OWN_FAILURES
 
 
 @contextlib.contextmanager
@@ -99,6 +125,6 @@ def failures_shared():
           f"{peer}; this worker stopped with it, and the checkpoints written so "
           "far are kept. Mend that worker and rerun the same command on every "
           "worker") from e
-    if not isinstance(e, TrainerError) or e.exit_code in OWN_FAILURES:
+    if reported(e):
       tell_peers(e)
     raise

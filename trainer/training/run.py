@@ -257,8 +257,11 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                       "same command to finish")
           return results.finish(RunStatus.INTERRUPTED)
       return _closing(results.finish(status), config, console, best[0])
-    except UserCodeError:
-      results.finish(RunStatus.FAILED)
+    except Exception as e:
+      if peers.peer_failure(e) is not None:  # A peer's abort outside a guard.
+        results.finish(RunStatus.HUNG)
+      elif isinstance(e, UserCodeError):
+        results.finish(RunStatus.FAILED)
       raise
 
 
