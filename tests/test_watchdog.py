@@ -72,6 +72,26 @@ def test_only_a_failure_a_worker_can_meet_alone_is_told_to_the_peers(monkeypatch
   assert told == [errors["own flag"], errors["a bug"]]
 
 
+def test_a_run_ended_by_a_peer_is_hung_at_its_last_completed_step():
+  from trainer.training import run
+
+  class Results:
+    def finish(self, status, *, step=None):
+      finished.append((str(status), step))
+
+  class Watchdog:
+    last_completed_step = 40
+
+  finished = []
+  peer = tf.errors.AbortedError(None, None, "Error reported from "
+                                "/job:worker/task:1: x")
+  for error in (None, DivergedError("nan"), peer,
+                UserCodeError("MyAction", ValueError("no"))):
+    run._record_failure(Results(), error, Watchdog())
+  # Not the global step: a loop call aborted halfway may have counted more.
+  assert finished == [("hung", 40), ("failed", None)]
+
+
 def test_outside_a_cluster_failures_pass_through_as_they_are():
   with pytest.raises(ConfigError, match="^--flag: bad$"):
     with peers.failures_shared():

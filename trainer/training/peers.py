@@ -17,6 +17,7 @@ are not reported: each worker ends on its own, as without a cluster.
 """
 
 import contextlib
+import faulthandler
 import re
 import threading
 
@@ -37,8 +38,10 @@ OWN_FAILURES = (ExitCode.INTERNAL, ExitCode.BAD_INPUT, ExitCode.LOCKED,
 # workers stopped sending heartbeats.
 _REPORTED = "Error reported from "
 _UNHEALTHY = "unhealthy (stopped sending heartbeats)"
-# The report is an RPC to the coordination service without a deadline: a worker
-# whose chief is stopped or gone waits at most this long before its own exit.
+# The report is an RPC to the coordination service without a deadline (a chief
+# that is gone fails it at once; one that is stopped never answers): a worker
+# waits about this long, then goes on to its own exit (or, where TensorFlow
+# holds the interpreter's lock meanwhile, exits 1 with its threads' stacks).
 REPORT_SECONDS = 5.0
 
 
@@ -94,8 +97,15 @@ def tell_peers(error):
       pass
 
   reporter = threading.Thread(target=report, name="tell-peers", daemon=True)
-  reporter.start()
-  reporter.join(REPORT_SECONDS)
+  # The report holds the interpreter's lock while it waits, which join's timeout
+  # cannot undo: past the bound, faulthandler (no lock needed) dumps the stacks
+  # and exits 1.
+  faulthandler.dump_traceback_later(REPORT_SECONDS + 1.0, exit=True)
+  try:
+    reporter.start()
+    reporter.join(REPORT_SECONDS)
+  finally:
+    faulthandler.cancel_dump_traceback_later()
 
 
 def reported(error) -> bool:

@@ -128,6 +128,8 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
         worker=cluster.worker,
         on_hang=lambda step: results.finish(RunStatus.HUNG, step=step)))
     watchdog.completed(trainer.step)
+    # On the way out with an error: results.json says how the run ended.
+    stack.push(lambda _, error, __: _record_failure(results, error, watchdog))
     summaries = Summaries(config.model_dir,
                           enabled=cluster.is_chief and config.summaries)
     stack.callback(summaries.close)
@@ -227,42 +229,48 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
       console.say(message)
 
     # ---- 6. The controller: loop calls to --train_steps. ----
-    try:
-      if stopping("during set-up"):
-        return results.finish(RunStatus.INTERRUPTED)
-      if trainer.step >= config.train_steps:
-        console.say(f"already at step {trainer.step} >= --train_steps="
-                    f"{config.train_steps}; nothing to train")
-        status = RunStatus.COMPLETED
-      else:
-        profiler.before_training(trainer.step)
-        status = Controller(trainer=trainer, train_data=train_data,
-                            actions=loop_actions, train_steps=config.train_steps,
-                            steps_per_loop=config.steps_per_loop, watchdog=watchdog,
-                            on_stop=on_stop).train()
-      profiler.close()
-      if not status.finished:
-        return _closing(results.finish(status), config, console, best[0])
-
-      # ---- 7. Final evaluation, export, results. ----
-      if config.mode == "train_and_eval" and results.eval_step != trainer.step:
-        with watchdog.guard("final evaluation", step=trainer.step):
-          evaluate.evaluate()
-        if stopping("during the final evaluation"):
-          return results.finish(RunStatus.INTERRUPTED)
-      if cluster.is_chief:
-        _export(built, results, export_dir)
-        if stop_request:
-          console.say(f"{stop_request.signal_name} during the export: rerun the "
-                      "same command to finish")
-          return results.finish(RunStatus.INTERRUPTED)
+    if stopping("during set-up"):
+      return results.finish(RunStatus.INTERRUPTED)
+    if trainer.step >= config.train_steps:
+      console.say(f"already at step {trainer.step} >= --train_steps="
+                  f"{config.train_steps}; nothing to train")
+      status = RunStatus.COMPLETED
+    else:
+      profiler.before_training(trainer.step)
+      status = Controller(trainer=trainer, train_data=train_data,
+                          actions=loop_actions, train_steps=config.train_steps,
+                          steps_per_loop=config.steps_per_loop, watchdog=watchdog,
+                          on_stop=on_stop).train()
+    profiler.close()
+    if not status.finished:
       return _closing(results.finish(status), config, console, best[0])
-    except Exception as e:
-      if peers.peer_failure(e) is not None:  # A peer's abort outside a guard.
-        results.finish(RunStatus.HUNG)
-      elif isinstance(e, UserCodeError):
-        results.finish(RunStatus.FAILED)
-      raise
+
+    # ---- 7. Final evaluation, export, results. ----
+    if config.mode == "train_and_eval" and results.eval_step != trainer.step:
+      with watchdog.guard("final evaluation", step=trainer.step):
+        evaluate.evaluate()
+      if stopping("during the final evaluation"):
+        return results.finish(RunStatus.INTERRUPTED)
+    if cluster.is_chief:
+      _export(built, results, export_dir)
+      if stop_request:
+        console.say(f"{stop_request.signal_name} during the export: rerun the "
+                    "same command to finish")
+        return results.finish(RunStatus.INTERRUPTED)
+    return _closing(results.finish(status), config, console, best[0])
+
+
+def _record_failure(results: Results, error, watchdog: HangWatchdog):
+  """Finishes results.json for a run that ends with `error` (None: no error):
+  hung at the last completed step when a peer's failure aborted a collective
+  outside a guarded phase, failed when user code raised. Other errors finish it
+  themselves (or are bad input, found before anything ran)."""
+  if error is None:
+    return
+  if peers.peer_failure(error) is not None:
+    results.finish(RunStatus.HUNG, step=watchdog.last_completed_step)
+  elif isinstance(error, UserCodeError):
+    results.finish(RunStatus.FAILED)
 
 
 def _closing(data: dict, config: Config, console, best_metric: str) -> dict:

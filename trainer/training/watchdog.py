@@ -138,6 +138,11 @@ class HangWatchdog:
     """Notes that the run has completed `step` (named in a hang report)."""
     self._last_step = step
 
+  @property
+  def last_completed_step(self):
+    """The last step `completed` noted (None before the first)."""
+    return self._last_step
+
   def progressed(self):
     """Gives the phase now armed a new deadline: it is making progress (e.g. a
     replay of many steps, each bounded like a loop call)."""
