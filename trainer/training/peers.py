@@ -18,14 +18,13 @@ are not reported: each worker ends on its own, as without a cluster.
 
 import contextlib
 import faulthandler
-import re
 import threading
 
 import tensorflow as tf
 from tensorflow.python.eager import context
 
 from trainer.errors import ExitCode, TrainerError, UserCodeError, one_line
-from trainer.training.watchdog import PEER_ERRORS
+from trainer.training.watchdog import PEER_ERRORS, peer_of
 
 # The exits a worker can reach alone while the others wait for it. Every worker
 # reaches the others at the same step (and the chief's export, UNEXPORTED, comes
@@ -57,12 +56,6 @@ def _tf_error(error):
   return error if isinstance(error, PEER_ERRORS + (tf.errors.AbortedError,)) else None
 
 
-def _task_name(text: str) -> str:
-  """The first task `text` names ("/job:worker/task:1" -> "worker 1")."""
-  match = re.search(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", text)
-  return f"{match.group(1)} {match.group(2)}" if match else "a peer"
-
-
 def peer_failure(error):
   """What a peer's failure that aborted this worker's collective says ("worker 1
   failed: ..."), or None when `error` is not one."""
@@ -71,11 +64,12 @@ def peer_failure(error):
     return None
   message = str(cause)
   if _UNHEALTHY in message:  # Its own process ended without a report.
-    return (f"{_task_name(message.split(_UNHEALTHY, 1)[1])} stopped sending "
-            "heartbeats (it crashed, was killed or was lost)")
+    lost = peer_of(message.split(_UNHEALTHY, 1)[1]) or "a peer"
+    return f"{lost} stopped sending heartbeats (it crashed, was killed or was lost)"
   if _REPORTED in message:
     reported = message.split(_REPORTED, 1)[1]
-    return f"{_task_name(reported)} failed: {one_line(reported.split(': ', 1)[-1])}"
+    failed = peer_of(reported) or "a peer"
+    return f"{failed} failed: {one_line(reported.split(': ', 1)[-1])}"
   return None
 
 

@@ -65,9 +65,10 @@ def thread_stacks() -> str:
 
 
 def peer_of(message: str):
-  """The task a TensorFlow collective error names (e.g. /job:worker/replica:0/
-  task:1 -> "worker 1"), or None."""
-  match = re.search(r"/job:(\w+)/replica:\d+/task:(\d+)", message)
+  """The first task a TensorFlow collective error names (/job:worker/replica:0/
+  task:1, or as the coordination service writes it /job:worker/task:1 -> "worker
+  1"), or None."""
+  match = re.search(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", message)
   return f"{match.group(1)} {match.group(2)}" if match else None
 
 
