@@ -242,7 +242,8 @@ def test_the_controller_ends_calls_at_the_soonest_stop_and_votes_on_stopping():
       return self.request if call.step >= self.stop_at else None
 
   votes, stops = [], []
-  trainer_ = _fake_trainer(stop_vote=lambda code: votes.append(code) or code)
+  trainer_ = _fake_trainer(
+      loop_vote=lambda code, steps: votes.append((code, steps)) or (code, 7))
   early = Asks(7)
   late = Asks(12, Stop(RunStatus.TIME_LIMIT, "out of time"))
   user = Asks(12, Stop(RunStatus.STOPPED, "stopped by the user"))
@@ -253,10 +254,11 @@ def test_the_controller_ends_calls_at_the_soonest_stop_and_votes_on_stopping():
   assert controller.next_stop(12) == 100
   call = _call(12)
   controller._watchdog = types.SimpleNamespace(guard=lambda *a, **k: _Null())
-  status = controller._run_actions(call)
+  status, steps_per_loop = controller._run_actions(call, 50)
   # The most urgent request wins, in the vote and in what is said.
   assert status == RunStatus.TIME_LIMIT and stops == ["out of time"]
-  assert votes == [3]  # STOP_PRIORITY's TIME_LIMIT, + 1.
+  assert votes == [(3, 50)]  # STOP_PRIORITY's TIME_LIMIT, + 1; this worker's K.
+  assert steps_per_loop == 7  # The loop length the workers agreed on.
   assert early.seen == late.seen == user.seen == [12]  # Every action ran.
 
 

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -317,3 +318,63 @@ def test_a_worker_failing_alone_stops_the_others_in_one_line(tmp_path):
       "checkpoints written so far are kept. Mend that worker and rerun the same "
       "command on every worker")
   assert "Traceback" not in chief_err
+
+
+def _threads(pid):
+  """The thread count of a live process, from /proc (None once it is gone)."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M)[1])
+  except (OSError, TypeError):
+    return None
+
+
+def test_worker_thread_counts_stay_bounded_over_a_long_run(tmp_path):
+  """Each collective used to arm a timer thread living for the 10-minute
+  collective timeout: ~3.5 threads per step on 2 workers, so a run of a few
+  thousand steps ran the machine out of threads (the hand-written
+  MultiWorkerMirroredStrategy loop stays at ~120). 2,000 steps here would have
+  reached ~7,000 threads per worker."""
+  model_dir = str(tmp_path / "run")
+  process, output = start_launcher(model_dir, "--train_steps=2000",
+                                   "--checkpoint_every=1000", "--steps_per_loop=100",
+                                   tmpdir=tmp_path, until=r"\[worker 0\] step \d+/")
+  pids = [int(p) for p in re.findall(r"started .*worker \d\)? \(pid (\d+)\)", output)]
+  assert len(pids) == 2, output
+  rest = []
+  reader = threading.Thread(target=lambda: rest.append(process.stdout.read()))
+  reader.start()
+  peak = dict.fromkeys(pids, 0)
+  try:
+    while process.poll() is None:  # Sampled until the run ends, whatever its pace.
+      for pid in pids:
+        peak[pid] = max(peak[pid], _threads(pid) or 0)
+      time.sleep(0.05)
+    reader.join(timeout=60)
+  finally:
+    process.kill()
+  output += "".join(rest)
+  assert process.returncode == 0, output[-3000:]
+  assert read_results(model_dir)["global_step"] == 2000
+  assert all(0 < count <= 240 for count in peak.values()), peak
+
+
+def test_workers_at_different_speeds_agree_on_the_automatic_loop_length(tmp_path):
+  """--steps_per_loop=0 sizes each loop call from its time; worker 1 spends 0.2 s
+  more per call than the chief, so each timed its calls differently and they
+  proposed different lengths: the worker with the shorter call waited in the
+  stop vote, the other in its next step's all-reduce, for ever. Now the vote
+  after each call agrees on the fewest steps proposed."""
+  model_dir = str(tmp_path / "run")
+  result = subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
+       "--num_workers=2", "--grace_seconds=5", "--", "--task=user_tasks:SlowOffChief",
+       "--optimizer=sgd", "--learning_rate=0.01", "--per_replica_batch_size=8",
+       "--train_steps=1500", "--steps_per_loop=0", "--checkpoint_every=1000",
+       "--mode=train", "--hang_timeout=30s", "--cpu_devices=1",
+       f"--model_dir={model_dir}"], cwd=REPO, env=user_env(TMPDIR=str(tmp_path)),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stdout[-3000:]
+  results = read_results(model_dir)
+  assert results["status"] == "completed" and results["global_step"] == 1500
+  assert results["replica_batches"] == {"replica_0": 1500, "replica_1": 1500}

@@ -331,6 +331,22 @@ class BrokenPrepare(Quadratic):
     raise RuntimeError("the vocabulary file is missing")
 
 
+def _slow_off_chief(context):
+  if not context.is_chief:
+    time.sleep(0.2)  # Worker 1 spends longer after each call than the chief.
+
+
+@dataclasses.dataclass
+class SlowOffChief(Quadratic):
+  """Worker 1 is slower than the chief between loop calls, so the two time their
+  (automatic-length) calls differently."""
+
+  layout_fields = ()
+
+  def actions(self):
+    return [_slow_off_chief]
+
+
 @dataclasses.dataclass
 class PrepareFailsOffChief(Quadratic):
   """Its prepare() raises on every worker but the chief (its own bad files)."""

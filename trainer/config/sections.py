@@ -113,8 +113,8 @@ class DistributeConfig:
   inter_op_threads: int = field(0, "TensorFlow inter-op threads (0 = TF's default).",
                                 lower=0, upper=MAX_THREADS)
   hang_timeout: Optional[str] = field(
-      None, "Longest a loop call, evaluation or checkpoint may take (and, with "
-      "multi_worker, a collective), e.g. 15m: past it the process writes "
+      None, "Longest a loop call, evaluation, checkpoint, action or stop vote may "
+      "take (and so any collective in them), e.g. 15m: past it the process writes "
       "MODEL_DIR/hang-WORKER.txt with every thread's stack and exits 7. Default: "
       "the larger of 10m and 20 times the median loop call.")
 

@@ -8,7 +8,7 @@ import socket
 import tensorflow as tf
 
 from trainer import tf_loader
-from trainer.config import HANG_TIMEOUT_FLOOR_SECONDS, DistributeConfig
+from trainer.config import DistributeConfig
 from trainer.errors import ConfigError
 
 _MAX_TASKS_PER_NODE = 1024
@@ -156,11 +156,14 @@ def _multi_worker_strategy(config):
   busy = _busy_port_error(config, resolver)
   if busy:
     raise busy
-  # A collective waiting on a stopped or lost peer fails instead of hanging (the
-  # watchdog reports it, exit 7).
+  # No collective timeout: TensorFlow arms one for every collective op as a new
+  # thread that sleeps for the whole timeout (Env::SchedClosureAfter), so a
+  # 10-minute timeout kept ~3.5 threads per step alive on 2 workers and ran the
+  # machine out of threads after a few thousand steps. A lost peer is caught by the
+  # coordination service's heartbeats and a stopped one by the hang watchdog
+  # (--hang_timeout), both exit 7 (docs/faults.md).
   options = tf.distribute.experimental.CommunicationOptions(
-      implementation=implementations[config.cross_device_ops],
-      timeout_seconds=config.hang_timeout_seconds or HANG_TIMEOUT_FLOOR_SECONDS)
+      implementation=implementations[config.cross_device_ops])
   try:
     return tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=options)

@@ -17,11 +17,10 @@ import tensorflow as tf
 from trainer.actions.base import STOP_PRIORITY, LoopCall, Stop
 from trainer.actions.nan_policy import ROLLED_BACK
 from trainer.errors import RunStatus
-from trainer.training import profile
+from trainer.training import profile, steps
 from trainer.training.watchdog import LOOP_CALL, HangWatchdog
 
 _AUTO_TARGET_SECONDS = 1.0  # --steps_per_loop=0: aim for loop calls this long.
-_AUTO_MAX_STEPS = 1000
 _AGREED = {  # What the chief says when another worker's request stopped the run.
     RunStatus.STOPPED: "an action on another worker returned trainer.STOP",
     RunStatus.EARLY_STOPPED: "early stop",
@@ -34,7 +33,8 @@ def auto_steps_per_loop(num_steps: int, seconds: float, *, first: bool) -> int:
   """K for the next call under --steps_per_loop=0: calls of about a second."""
   if first:
     return 10  # The first call traced; measure a short untraced one next.
-  return max(1, min(_AUTO_MAX_STEPS, int(num_steps * _AUTO_TARGET_SECONDS / seconds)))
+  return max(1, min(steps.MAX_AUTO_STEPS_PER_LOOP,
+                    int(num_steps * _AUTO_TARGET_SECONDS / seconds)))
 
 
 class Controller:
@@ -103,37 +103,48 @@ class Controller:
         call = self._dispatch(iterator, num_steps, step=step)
       step = call.step
       self._watchdog.completed(step)
-      outcome = self._run_actions(call)
+      proposal = steps_per_loop if self._steps_per_loop else auto_steps_per_loop(
+          num_steps, call.seconds, first=call.index == 1)
+      outcome, agreed_steps = self._run_actions(call, proposal)
+      if agreed_steps and not self._steps_per_loop:
+        steps_per_loop = agreed_steps  # Every worker's the same (see the vote).
       if outcome == ROLLED_BACK:
         step = trainer.step
         iterator = trainer.train_iterator(self._data)
       elif outcome:
         return outcome
-      if not self._steps_per_loop:
-        steps_per_loop = auto_steps_per_loop(num_steps, call.seconds,
-                                             first=call.index == 1)
     return RunStatus.COMPLETED
 
-  def _run_actions(self, call: LoopCall):
-    """Runs every action, each bounded by the watchdog on its own, then the stop
-    vote. Returns ROLLED_BACK, the agreed stop status, or None."""
+  def _run_actions(self, call: LoopCall, steps_per_loop: int):
+    """Runs every action, each bounded by the watchdog on its own, then the vote.
+
+    Args:
+      call: the loop call just made.
+      steps_per_loop: this worker's proposal for the next call's length.
+
+    Returns:
+      (ROLLED_BACK, the agreed stop status or None; the fewest steps any worker
+      proposed, or None after a rollback, which every worker makes without a vote).
+    """
     requests = []
     for action in self._actions:
       name = getattr(action, "name", type(action).__name__)
       with self._watchdog.guard(f"{name} after a loop call", step=call.step):
         outcome = action(call)
       if outcome == ROLLED_BACK:
-        return ROLLED_BACK  # Every worker saw the same non-finite step.
+        # Every worker saw the same non-finite step; the vote comes after the
+        # next call.
+        return ROLLED_BACK, None
       if isinstance(outcome, Stop):
         requests.append(outcome)
     mine = max(requests, key=lambda r: STOP_PRIORITY.index(r.status), default=None)
     with self._watchdog.guard("the stop vote", step=call.step):
-      agreed = self._trainer.stop_vote(
-          0 if mine is None else STOP_PRIORITY.index(mine.status) + 1)
+      agreed, agreed_steps = self._trainer.loop_vote(
+          0 if mine is None else STOP_PRIORITY.index(mine.status) + 1, steps_per_loop)
     if not agreed:
-      return None
+      return None, agreed_steps
     status = STOP_PRIORITY[agreed - 1]
     self._on_stop(mine.message if mine is not None and mine.status == status else
                   f"{_AGREED[status]} at step {call.step}: saved a checkpoint; rerun "
                   "the same command to resume")
-    return status
+    return status, agreed_steps

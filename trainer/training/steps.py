@@ -151,24 +151,44 @@ def make_eval_loop(*, strategy, objective, model, ledger, totals,
   return eval_loop
 
 
-def make_stop_vote(strategy, *, codes: int = 8):
-  """Builds `stop_vote(code) -> the largest code of every worker` (codes below
-  `codes`).
+# The most steps an automatic loop call may have (--steps_per_loop=0); the vote
+# agrees on a count up to this.
+MAX_AUTO_STEPS_PER_LOOP = 1000
+
+
+def make_vote(strategy, *, codes: int = 8):
+  """Builds `vote(code, steps_per_loop) -> (largest code, smallest steps_per_loop)`
+  over every worker (codes below `codes`, steps in [1, MAX_AUTO_STEPS_PER_LOOP]).
 
   Workers of a multi-worker run receive signals (or run out of time) at different
   moments; voting after every loop call makes them all stop after the same step,
   for the most urgent reason any of them has (a collective that one worker skipped
-  would hang the others). Outside multi-worker it is the identity.
+  would hang the others). The same collective agrees on the next automatic loop
+  length: each worker times its own calls, and two workers running loop calls of
+  different lengths would wait forever in different collectives. Outside
+  multi-worker it is the identity.
   """
   if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    return lambda code: code
+    return lambda code, steps_per_loop: (code, steps_per_loop)
+  span = MAX_AUTO_STEPS_PER_LOOP + 1
 
   @tf.function
-  def stop_vote(code):
-    # A sum of one-hot votes: collectives sum, and the largest code voted for is
-    # the last non-zero entry.
-    votes = strategy.run(lambda c: tf.one_hot(c, codes), args=(code,))
-    total = strategy.reduce(_SUM, votes, axis=None)
-    return tf.reduce_max(tf.where(total > 0, tf.range(codes), 0))
+  def vote(code, steps_per_loop):
+    # A sum of one-hot votes: collectives sum, and the largest entry voted for is
+    # the last non-zero one. Steps vote as MAX - steps, so the largest is the
+    # fewest steps.
+    def ballot(c, k):
+      return tf.concat([tf.one_hot(c, codes), tf.one_hot(span - 1 - k, span)], 0)
 
-  return lambda code: int(stop_vote(tf.constant(code, tf.int32)))
+    total = strategy.reduce(_SUM, strategy.run(ballot, args=(code, steps_per_loop)),
+                            axis=None)
+    last = lambda part: tf.reduce_max(tf.where(part > 0, tf.range(tf.size(part)), 0))
+    return last(total[:codes]), span - 1 - last(total[codes:])
+
+  def host_vote(code, steps_per_loop):
+    steps = min(max(int(steps_per_loop), 1), MAX_AUTO_STEPS_PER_LOOP)
+    agreed_code, agreed_steps = vote(tf.constant(code, tf.int32),
+                                     tf.constant(steps, tf.int32))
+    return int(agreed_code), int(agreed_steps)
+
+  return host_vote

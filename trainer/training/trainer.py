@@ -81,7 +81,7 @@ class Trainer:
   diagnose_step: object
   build_eval_loop: object
   gather: object
-  _stop_vote: object
+  _vote: object
   gather_eval: bool = False
   lean_graph_passes: bool = False
   _eval_loops: dict = dataclasses.field(default_factory=dict)
@@ -153,7 +153,7 @@ class Trainer:
                history_columns=train.history_columns,
                diagnose_step=train.diagnose, build_eval_loop=build_eval_loop,
                gather=gather_input,
-               _stop_vote=steps.make_stop_vote(strategy), gather_eval=gather_eval,
+               _vote=steps.make_vote(strategy), gather_eval=gather_eval,
                lean_graph_passes=graph_passes.lean_for(strategy))
 
   @property
@@ -175,7 +175,13 @@ class Trainer:
   def stop_vote(self, code: int) -> int:
     """The largest of every worker's `code` (a collective under multi-worker):
     every worker agrees on whether (and why) to stop."""
-    return self._stop_vote(int(code))
+    return self._vote(int(code), 1)[0]
+
+  def loop_vote(self, code: int, steps_per_loop: int) -> tuple:
+    """`stop_vote` after a loop call, which also agrees on the next automatic
+    loop length: (the largest code, the fewest steps any worker proposed, at most
+    steps.MAX_AUTO_STEPS_PER_LOOP). One collective for both."""
+    return self._vote(int(code), int(steps_per_loop))
 
   def checkpoint_objects(self) -> tuple:
     """({name: trackable} every checkpoint must hold, {name: trackable} a

@@ -7,9 +7,10 @@ thread's Python stack and the last completed step to MODEL_DIR/hang-<worker>.txt
 and stderr, lets the run mark results.json "hung", and ends the process with exit
 code 7 (`os._exit`: the main thread is stuck, so no cleanup can be waited for).
 
-A collective that fails because a peer is gone or too slow (TensorFlow's
-collective timeout, or its peer health check) is reported the same way, right
-away, naming the peer when TensorFlow does.
+A collective that fails because a peer is gone or stopped (the coordination
+service missed its heartbeats) is reported the same way, right away, naming the
+peer when TensorFlow does. Collectives have no timeout of their own
+(distribute/devices.py says why): this deadline is theirs.
 
 Example:
 
