@@ -255,10 +255,12 @@ def test_multi_worker_needs_tf_config_and_model_dir(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["regression", "user_tasks:Quadratic",
-                                  "user_tasks:StreamQuadratic"])
+                                  "user_tasks:StreamQuadratic",
+                                  "layer_tasks:BatchNormTask"])
 def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
-  """The regression task, a user task (subclassed model, custom loss) and a tf.data
-  task (each worker reads its shard of every global batch) hold the multi-worker
+  """The regression task, a user task (subclassed model, custom loss), a tf.data
+  task (each worker reads its shard of every global batch) and BatchNormalization
+  (the statistics of the global batch, over both workers) hold the multi-worker
   guarantees too: equal weights, every eval example counted once."""
   env = user_env(TMPDIR=str(tmp_path))
   flags = [f"--task={task}", "--optimizer=sgd", "--learning_rate=0.05",
@@ -283,7 +285,8 @@ def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
   with open(os.path.join(workers_dir, "results.json")) as f:
     results = json.load(f)
   assert results["num_workers"] == 2
-  assert results["eval"]["examples"] == {"regression": 89}.get(task, 77)
+  assert results["eval"]["examples"] == {
+      "regression": 89, "layer_tasks:BatchNormTask": 203}.get(task, 77)
   assert results["replica_batches"] == {"replica_0": 40, "replica_1": 40}
 
 

@@ -32,6 +32,8 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
         value = tuple(value.items())
       if isinstance(value, list):
         value = tuple(value)
+      if isinstance(value, bool) and "true" in (f.metadata["choices"] or ()):
+        value = str(value).lower()  # verify_equivalence=True is "true".
       # Tuples keep the dataclass hashable and immutable.
       object.__setattr__(self, f.name, value)
       check_field(f, value)

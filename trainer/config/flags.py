@@ -146,6 +146,9 @@ def _define(flags, flag_values, *, name, kind, default, help_text, choices=None)
   kwargs = dict(name=name, default=default, help=help_text, flag_values=flag_values)
   if choices:
     flags.DEFINE_enum(enum_values=list(choices), **kwargs)
+    if {"true", "false"} <= set(choices):
+      # A bare --NAME means true and --noNAME false, as for a boolean flag.
+      flag_values[name].boolean = True
   elif kind is bool:
     flags.DEFINE_bool(**kwargs)
   elif kind is int:

@@ -25,6 +25,7 @@ CROSS_DEVICE_OPS = ("auto", "ring", "nccl", "hierarchical_copy", "reduce_to_one_
 OPTIMIZERS = ("adam", "adamw", "lion", "sgd", "momentum")
 LR_SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
 ON_NAN = ("stop", "rollback")
+VERIFY_EQUIVALENCE = ("false", "true", "strict")
 MIXED_PRECISION = ("none", "mixed_bfloat16", "mixed_float16")
 MAX_CPU_DEVICES = 64
 MAX_THREADS = 1024
@@ -102,6 +103,17 @@ class DistributeConfig:
       "auto", "All-reduce implementation: auto, ring or nccl (multi_worker); nccl, "
       "hierarchical_copy or reduce_to_one_device (mirrored). Alias: --communication.",
       choices=CROSS_DEVICE_OPS)
+  sync_batchnorm: bool = field(
+      True, "BatchNormalization normalises with the global batch's statistics "
+      "(every replica and worker, as synchronized=True), so N replicas train as one "
+      "device; false: each replica's own batch, as Keras fit does (their moving "
+      "statistics are averaged after every loop call).")
+  verify_equivalence: str = field(
+      "false", "Before step 1, compare the first global batch's gradients on the "
+      "replicas (one all-reduce) with one device's on the same weights and print "
+      "the largest difference against 1e-5, naming a layer or the loss above it "
+      "(true, or bare --verify_equivalence); strict: also exit 2 above it, before "
+      "anything is written.", choices=VERIFY_EQUIVALENCE)
   cpu_devices: int = field(1, "Split the CPU into this many logical devices (used "
                            "when no GPU is visible).", lower=1, upper=MAX_CPU_DEVICES)
   gpus: Optional[Sequence[int]] = field(

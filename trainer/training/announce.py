@@ -27,6 +27,9 @@ def start_line(*, model_dir: str, task: str, trainer, restored, previous: RunRec
     line += f", learning rate x{multiplier:g} after {rollbacks} rollback(s)"
   if trainer.task_optimizer:
     line += f", {optimizers.describe_task_optimizer(trainer.optimizer)}"
+  if trainer.averaged_statistics and trainer.num_replicas > 1:
+    line += (", BatchNormalization on each replica's own batch "
+             "(--sync_batchnorm=false: not one device's)")
   return line
 
 

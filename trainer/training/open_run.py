@@ -28,7 +28,7 @@ DEVICE_FIELDS = tuple(f for f in DistributeConfig.__dataclass_fields__) + (
 
 # Flags whose default changed what training does, with the value a run whose
 # flags.txt predates them trained as: its evaluation, replay and load rebuild it so.
-PREDATED_FLAGS = {"fused_optimizer": False}
+PREDATED_FLAGS = {"fused_optimizer": False, "sync_batchnorm": False}
 
 
 def run_config(model_dir: str, *, say=print) -> config_lib.Config:

@@ -37,8 +37,8 @@ from trainer.outputs import export, run_dir
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries, markdown_flags
 from trainer.tasks import Task
-from trainer.training import (announce, evaluation, optimizers, peers, resume,
-                              setup)
+from trainer.training import (announce, equivalence, evaluation, optimizers,
+                              peers, replica_layers, resume, setup)
 from trainer.training.checkpoint_files import find_checkpoint, warm_start
 from trainer.training.controller import Controller
 from trainer.training.watchdog import HangWatchdog
@@ -105,6 +105,9 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
   if config.init_checkpoint and not checkpoints.exists():
     _warm_start(trainer, config.init_checkpoint, console)  # A bad one writes nothing.
   export.check_serving_signature(task, train_data.feature_spec)
+  if config.verify_equivalence != "false":
+    _verify_equivalence(trainer, train_data, console,
+                        strict=config.verify_equivalence == "strict")
   with user_code("Task.actions"):
     actions = list(task.actions()) + actions
 
@@ -314,6 +317,18 @@ def _finished_before(previous: dict, step: int, restored, train_steps: int) -> b
           os.path.isdir(previous.get("export_dir") or ""))
 
 
+def _verify_equivalence(trainer, train_data, console, *, strict: bool):
+  """--verify_equivalence: the replicas against one device on the first batch,
+  in one line; under strict, above the bound, exit 2 (every worker agrees)."""
+  verdict = equivalence.verify(trainer, train_data)
+  if verdict is None:
+    console.say("equivalence: 1 replica: nothing to compare")
+    return
+  console.say(verdict.line())
+  if trainer.stop_vote(int(strict and not verdict.holds)):
+    raise equivalence.refusal(verdict)
+
+
 def _warm_start(trainer, init_checkpoint: str, console):
   """--init_checkpoint: the model's weights that fit, before step 0."""
   path = find_checkpoint(init_checkpoint)
@@ -336,7 +351,9 @@ def _export(built, results: Results, export_dir: str):
   """
   trainer, feature_spec = built.trainer, built.train_data.feature_spec
   try:
-    with trainer.evaluated_weights():
+    # The model as the task built it (model.keras records its configuration).
+    with replica_layers.as_built(trainer.synchronized_layers), \
+        trainer.evaluated_weights():
       export.export_saved_model(trainer.model, built.task, export_dir,
                                 feature_spec=feature_spec)
       not_written = export.save_keras_model(trainer.model, export_dir)
@@ -346,7 +363,8 @@ def _export(built, results: Results, export_dir: str):
     best = built.checkpoints.best_path()
     if best:
       best_dir = os.path.join(built.config.model_dir, "export_best")
-      with trainer.best_weights(best), trainer.evaluated_weights():
+      with replica_layers.as_built(trainer.synchronized_layers), \
+          trainer.best_weights(best), trainer.evaluated_weights():
         export.export_saved_model(trainer.model, built.task, best_dir,
                                   feature_spec=feature_spec)
         if not not_written:

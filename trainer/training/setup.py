@@ -127,7 +127,8 @@ def build(config: Config, task: Task, *, read_only: bool = False,
       gather=training and config.array_input == "gather",
       gather_eval=config.array_input == "gather",
       keep_gradients=training and config.histogram_every > 0,
-      record_every=config.summary_steps if config.summaries else 0)
+      record_every=config.summary_steps if config.summaries else 0,
+      sync_batchnorm=config.sync_batchnorm if training and not loading else None)
   checkpoints = Checkpoints(model_dir=config.model_dir, trainer=trainer,
                             keep=config.keep_checkpoints, read_only=read_only,
                             say=console.say)

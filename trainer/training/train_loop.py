@@ -17,7 +17,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from trainer.training import profile
+from trainer.training import profile, replica_layers
 from trainer.training.objective import Objective
 from trainer.training.steps import check_batch, float32_outputs, loss_scale
 
@@ -120,7 +120,7 @@ class TrainLoop:
   def __init__(self, *, strategy, objective: Objective, model, optimizer,
                global_step, ledger, totals, per_replica_batch_size,
                global_batch_size, jit_compile=False, rule: UpdateRule = UpdateRule(),
-               gather=None, record_every: int = 0):
+               gather=None, record_every: int = 0, averaged_statistics=()):
     """Builds the loop's tf.functions (traced at their first call).
 
     Args:
@@ -141,6 +141,9 @@ class TrainLoop:
         then `Trainer.loop_input`'s None), instead of next().
       record_every: a history row every this many global steps (0: none). The
         same on every worker: reading the sums is a collective.
+      averaged_statistics: variables that each replica updates on its own (an
+        unsynchronized BatchNormalization's moving statistics), set to their
+        mean over the replicas at the end of each call.
     """
     self._strategy, self._objective, self._model = strategy, objective, model
     self._optimizer, self._global_step = optimizer, global_step
@@ -149,15 +152,18 @@ class TrainLoop:
     self._rule, self._gather = rule, gather
     self._variables = model.trainable_variables
     self._record_every = record_every
+    self._averaged_statistics = list(averaged_statistics)
     self.history_columns = ("step", *totals.variables,
                             *(f"replica_{i}" for i in range(ledger.num_replicas)),
                             *ROW_STATE, *objective.scalar_streaming)
     # The loss of an update averages over all its micro-batches, so N accumulated
     # micro-batches of B give the gradients of one batch of N * B.
     self._update_batch_size = global_batch_size * rule.accum_steps
-    self._forward_backward = (tf.function(self._forward_backward_fn,
-                                          jit_compile=True, autograph=False)
-                              if jit_compile else self._forward_backward_fn)
+    # `(features, labels, weights) -> (gradients, loss, outputs)` of one replica's
+    # batch, as a step computes it (equivalence.py checks it against one device).
+    self.forward_backward = (tf.function(self._forward_backward_fn,
+                                         jit_compile=True, autograph=False)
+                             if jit_compile else self._forward_backward_fn)
     # Graph code as written, traced without AutoGraph (steps.graph_code says why).
     # The profile finds the loop's calls by this name (profile.LOOP_FUNCTION).
     self.loop = tf.function(self.train_loop, autograph=False)
@@ -183,7 +189,7 @@ class TrainLoop:
     self._ledger.record(batch_size)
     # Around the call, so that under --jit_compile the compiled op is in it too.
     with tf.name_scope(profile.FORWARD_BACKWARD):
-      gradients, loss, outputs = self._forward_backward(features, labels, weights)
+      gradients, loss, outputs = self.forward_backward(features, labels, weights)
     objective = self._objective
     objective.update_streaming(labels, outputs, weights)
     self._totals.add(dict(objective.metric_sums(labels, outputs, weights),
@@ -288,6 +294,7 @@ class TrainLoop:
         lambda done, *_: done < num_steps, step,
         (tf.zeros_like(num_steps), tf.constant(0.0), tf.constant(True),
          tf.constant(0), history))
+    replica_layers.average_statistics(strategy, self._averaged_statistics)
     outputs = dict(totals.values(), **self._objective.streaming_results(),
                    history=history.stack(),
                    gradient_norm=norm,

@@ -14,7 +14,8 @@ from trainer.data import Order, TaskData
 from trainer.distribute.cluster import Cluster
 from trainer.errors import user_code
 from trainer.tasks import Task
-from trainer.training import graph_passes, ledger, optimizers, probe, steps
+from trainer.training import (graph_passes, ledger, optimizers, probe,
+                              replica_layers, steps)
 from trainer.training.checkpoint_files import model_variables, rng_states
 from trainer.training.objective import Objective
 from trainer.training.train_loop import TrainLoop, UpdateRule
@@ -47,6 +48,8 @@ class Trainer:
     train_loop: `(iterator, num_steps) -> outputs` (train_loop.TrainLoop).
     history_columns: the names of the columns of the loop's "history" rows.
     diagnose_step: one train step with its gradients (divergence.py).
+    forward_backward: `(features, labels, weights) -> (gradients, loss,
+      outputs)` of one replica's batch, as a step computes it (equivalence.py).
     build_eval_loop: `gather -> eval_loop(iterator, num_steps)`
       (steps.make_eval_loop of this trainer's model, objective, eval ledger and
       totals); `evaluate` builds one per eval split (the iterator's, or one
@@ -56,6 +59,10 @@ class Trainer:
     gather_eval: gather eval arrays in-graph too (--array_input=gather).
     lean_graph_passes: compile the loops and the diagnose step with
       graph_passes' lean Grappler passes (graph_passes.lean_for).
+    synchronized_layers: the BatchNormalization layers --sync_batchnorm made
+      synchronized (replica_layers.as_built gives back the task's setting).
+    averaged_statistics: the moving statistics that each replica updates on its
+      own and the train loop averages after each call (--sync_batchnorm=false).
   """
   task: Task
   objective: Objective
@@ -79,11 +86,14 @@ class Trainer:
   train_loop: object
   history_columns: tuple
   diagnose_step: object
+  forward_backward: object
   build_eval_loop: object
   gather: object
   _vote: object
   gather_eval: bool = False
   lean_graph_passes: bool = False
+  synchronized_layers: tuple = ()
+  averaged_statistics: tuple = ()
   _eval_loops: dict = dataclasses.field(default_factory=dict)
 
   @classmethod
@@ -91,7 +101,7 @@ class Trainer:
             optimization: OptimizationConfig, order: Order,
             per_replica_batch_size: int, seed: int, train_steps: int,
             gather: bool, gather_eval: bool = False, keep_gradients: bool = False,
-            record_every: int = 0) -> "Trainer":
+            record_every: int = 0, sync_batchnorm=None) -> "Trainer":
     """Builds the model, optimizer (built in scope, before any step), step and
     loops.
 
@@ -110,6 +120,11 @@ class Trainer:
       keep_gradients: keep a copy of each update's gradients (histograms).
       record_every: a history row every this many steps inside loop calls
         (summary points; 0: none).
+      sync_batchnorm: when training, whether BatchNormalization normalises with
+        the global batch's statistics (True) or each replica's (False; their
+        moving statistics are averaged after each loop call), and random layers
+        draw per replica either way (replica_layers); None (evaluating,
+        loading): the model stays as the task built it.
 
     Raises:
       TaskError: the task's model, loss or metrics do not fit the framework.
@@ -127,6 +142,12 @@ class Trainer:
                                     train_steps=train_steps,
                                     keep_gradients=keep_gradients)
       global_step, ledgers, totals = _counters(strategy, metric_names)
+    synchronized, averaged = [], []
+    if sync_batchnorm is not None:
+      replica_layers.draw_per_replica(model)
+      if sync_batchnorm and strategy.num_replicas_in_sync > 1:
+        synchronized = replica_layers.synchronize_batchnorm(model)
+      averaged = replica_layers.unsynchronized_statistics(model)
     gather_input = train_data.gather_input(
         strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,
         preprocess=objective.preprocess) if gather else None
@@ -136,7 +157,7 @@ class Trainer:
         per_replica_batch_size=per_replica_batch_size,
         global_batch_size=order.global_batch_size,
         jit_compile=optimization.jit_compile, rule=rule, gather=gather_input,
-        record_every=record_every)
+        record_every=record_every, averaged_statistics=averaged)
     build_eval_loop = functools.partial(
         steps.make_eval_loop, strategy=strategy, objective=objective, model=model,
         ledger=ledgers[1], totals=totals[1],
@@ -151,9 +172,12 @@ class Trainer:
                train_ledger=ledgers[0], eval_ledger=ledgers[1],
                train_totals=totals[0], eval_totals=totals[1], train_loop=train.loop,
                history_columns=train.history_columns,
-               diagnose_step=train.diagnose, build_eval_loop=build_eval_loop,
+               diagnose_step=train.diagnose, forward_backward=train.forward_backward,
+               build_eval_loop=build_eval_loop,
                gather=gather_input,
                _vote=steps.make_vote(strategy), gather_eval=gather_eval,
+               synchronized_layers=tuple(synchronized),
+               averaged_statistics=tuple(averaged),
                lean_graph_passes=graph_passes.lean_for(strategy))
 
   @property
