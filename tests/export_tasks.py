@@ -89,3 +89,123 @@ class Exportable(trainer.Task):
               outputs[0] if isinstance(outputs, (list, tuple)) else outputs)
     return keras.losses.sparse_categorical_crossentropy(labels, logits,
                                                         from_logits=True)
+
+
+@dataclasses.dataclass
+class NoInput(trainer.Task):
+  """The README's kind of model: a Sequential without keras.Input, built by its
+  first call (on a probe batch of 8)."""
+
+  layout_fields = ()
+
+  def build_model(self):
+    return keras.Sequential([keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(1)])
+
+  def train_data(self):
+    x = np.random.default_rng(0).normal(size=(256, 3)).astype("float32")
+    return x, (x ** 2).sum(axis=1, keepdims=True)
+
+  def loss(self, labels, outputs):
+    return keras.ops.mean(keras.ops.square(outputs - labels), axis=-1)
+
+
+def table(count, seed):
+  """Columns as pandas stores them: int64 and float64."""
+  rng = np.random.default_rng(seed)
+  return {"age": rng.integers(20, 80, size=(count, 1)).astype("int64"),
+          "chol": rng.normal(240.0, 40.0, size=(count, 1)).astype("float64")}
+
+
+@dataclasses.dataclass
+class Table(trainer.Task):
+  """Dict features stored int64 and float64, normalised in preprocess, and a
+  noise Sequential kept on the task for the input pipeline (mapped over the
+  training data, never served)."""
+
+  def prepare(self, context):
+    del context
+    self.augment = keras.Sequential([keras.layers.GaussianNoise(0.01, seed=1)])
+
+  def build_model(self):
+    return keras.Sequential([keras.layers.Dense(4, activation="relu"),
+                             keras.layers.Dense(1)])
+
+  def preprocess(self, features):
+    age = (keras.ops.cast(features["age"], "float32") - 50.0) / 20.0
+    chol = keras.ops.cast((features["chol"] - 240.0) / 40.0, "float32")
+    return keras.ops.concatenate([age, chol], axis=-1)
+
+  def train_data(self):
+    x = table(256, seed=0)
+    y = (x["age"] > 50).astype("float32")
+    import tensorflow as tf  # After the devices are set up (prepare ran).
+    data = tf.data.Dataset.from_tensor_slices((x, y))
+    return data.map(lambda f, label: (
+        dict(f, chol=self.augment(f["chol"], training=True)), label))
+
+  def loss(self, labels, outputs):
+    return keras.ops.mean(keras.ops.square(outputs - labels), axis=-1)
+
+
+class Scaler:
+  """Made in Task.prepare (TensorFlow is up by then): a tf.Module whose own
+  tf.function reads a lookup table it does not track, so it cannot be saved."""
+
+  @staticmethod
+  def build():
+    import tensorflow as tf
+
+    table = tf.lookup.StaticHashTable(  # Held by the closure only: untracked.
+        tf.lookup.KeyValueTensorInitializer(["a"], [1.0]), default_value=0.0)
+
+    class _Scaler(tf.Module):
+      def __init__(self):
+        super().__init__()
+        self.scale = tf.Variable(0.5)
+
+      @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+      def unsaveable(self, words):
+        return table.lookup(words)
+
+    return _Scaler()
+
+
+@dataclasses.dataclass
+class Scaled(NoInput):
+  """Its preprocess uses Task.scaler, which cannot be saved."""
+
+  def prepare(self, context):
+    del context
+    self.scaler = Scaler.build()
+
+  def preprocess(self, features):
+    return features * self.scaler.scale
+
+
+@dataclasses.dataclass
+class Augmented(trainer.Task):
+  """keras-io's image classification recipe: an augmentation Sequential kept on
+  the task and mapped over the training images, which the export must leave
+  out (it blocked the export: its seed states are captured by its own traced
+  functions)."""
+
+  def prepare(self, context):
+    del context
+    self.augment = keras.Sequential([keras.layers.RandomFlip("horizontal"),
+                                     keras.layers.RandomRotation(0.1)])
+
+  def build_model(self):
+    images = keras.Input((6, 6, 1))
+    hidden = keras.layers.Flatten()(images)
+    return keras.Model(images, keras.layers.Dense(2)(hidden))
+
+  def train_data(self):
+    import tensorflow as tf  # After the devices are set up (prepare ran).
+    x = features("augment", 128, seed=0)
+    data = tf.data.Dataset.from_tensor_slices((x, _labels("augment", x)))
+    return data.map(lambda image, label: (self.augment(image, training=True), label))
+
+  def loss(self, labels, outputs):
+    return keras.losses.sparse_categorical_crossentropy(labels, outputs,
+                                                        from_logits=True)

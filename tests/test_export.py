@@ -126,6 +126,9 @@ def test_a_model_keras_cannot_load_is_said_in_one_line(exports):
   assert len(lines) == 1, stdout
   assert ("keras.models.load_model cannot load Subclassed without your code"
           in lines[0]), lines[0]
+  # Keras's cause in full (it was cut at 200 characters, mid-word).
+  assert ("make sure they are all imported so that the decorator is run before "
+          "trying to load them") in lines[0], lines[0]
   assert "the SavedModel is written" in lines[0]
   assert not os.path.exists(os.path.join(exports["subclassed"][0], "model.keras"))
 

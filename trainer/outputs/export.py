@@ -6,6 +6,7 @@ its `serving_outputs` after it, so a served model takes raw stored values.
 
 import os
 import re
+import shutil
 from typing import Optional
 
 import keras
@@ -61,34 +62,106 @@ def _named_leaves(value, *, prefix: str):
 
 
 def task_objects(task) -> list:
-  """The TensorFlow objects (layers, lookup tables, variables, modules) a task
-  keeps as attributes, directly or in a list, tuple or dict."""
+  """(attribute name, object) of the TensorFlow objects (layers, lookup tables,
+  variables, modules) a task keeps as attributes, directly or in a list, tuple or
+  dict."""
   found = []
-  for value in vars(task).values():
+  for name, value in vars(task).items():
     items = (list(value.values()) if isinstance(value, dict) else
              list(value) if isinstance(value, (list, tuple)) else [value])
-    found += [item for item in items
+    found += [(name, item) for item in items
               if isinstance(item, tf.__internal__.tracking.Trackable)]
   return found
 
 
+def _resource_handles(trackable) -> set:
+  """The ids of the resource handles (variables, lookup tables) that `trackable`
+  and everything it tracks hold."""
+  handles = set()
+  for item in [trackable, *tf.train.TrackableView(trackable).descendants()]:
+    variable = item if isinstance(item, tf.Variable) else getattr(
+        item, "value", None)  # A Keras variable wraps a tf one.
+    if isinstance(variable, tf.Variable):
+      handles.add(id(variable.handle))
+    elif hasattr(type(item), "resource_handle"):  # A lookup table, a resource.
+      handles.add(id(item.resource_handle))
+  return handles
+
+
+def served_objects(task, functions) -> list:
+  """(name, object) of the task's objects that the traced serving `functions`
+  read (a vocabulary's lookup table, a normalisation's variables): what the
+  export must save. What only the training pipeline uses (an augmentation model
+  mapped over the data, say) is left out."""
+  captured = {id(t) for f in functions for t in f.captured_inputs}
+  return [(name, item) for name, item in task_objects(task)
+          if _resource_handles(item) & captured]
+
+
+def _batch_free(spec: tf.TensorSpec) -> tf.TensorSpec:
+  """`spec` with a batch dimension of None: a signature serves any batch."""
+  shape = tf.TensorShape(spec.shape)
+  if shape.rank:
+    shape = tf.TensorShape([None]).concatenate(shape[1:])
+  return tf.TensorSpec(shape, spec.dtype, name=spec.name)
+
+
 def with_model_shapes(feature_spec, model, task):
-  """The stored features' specs, with the dimensions the data leaves unknown taken
-  from the model's input (e.g. windows of a series that tf.data does not know are
-  all 120 long), where the features go to the model as they are: one input, and
-  no Task.preprocess."""
+  """The stored features' specs, with the batch dimension None and, where the
+  features go to the model as they are (one input, no Task.preprocess), the
+  dimensions the data leaves unknown taken from the model's input (e.g. windows
+  of a series that tf.data does not know are all 120 long), and its dtype (as
+  Keras's own export does). Only non-batch dimensions come from the model: a
+  model built by a call (no keras.Input) has the batch it was built on."""
   from trainer.tasks.base import Task  # Not at the top: tasks import outputs.
+  feature_spec = tf.nest.map_structure(_batch_free, feature_spec)
   inputs = getattr(model, "inputs", None) or []
   leaves = tf.nest.flatten(feature_spec)
   if (type(task).preprocess is not Task.preprocess or len(inputs) != 1 or
       len(leaves) != 1):
     return feature_spec
+  model_shape = tf.TensorShape(inputs[0].shape)
+  if model_shape.rank:
+    model_shape = tf.TensorShape([None]).concatenate(model_shape[1:])
   try:
-    shape = tf.TensorShape(leaves[0].shape).merge_with(inputs[0].shape)
+    shape = tf.TensorShape(leaves[0].shape).merge_with(model_shape)
   except ValueError:  # The model takes another shape: the data's spec stands.
     return feature_spec
+  dtype = tf.as_dtype(inputs[0].dtype)
+  if not (_numeric(dtype) and _numeric(leaves[0].dtype)):
+    dtype = leaves[0].dtype
   return tf.nest.pack_sequence_as(
-      feature_spec, [tf.TensorSpec(shape, leaves[0].dtype, name=leaves[0].name)])
+      feature_spec, [tf.TensorSpec(shape, dtype, name=leaves[0].name)])
+
+
+def _numeric(dtype) -> bool:
+  dtype = tf.as_dtype(dtype)
+  return dtype.is_floating or dtype.is_integer
+
+
+# What Python numbers become (tf.convert_to_tensor: int32, float32) and what
+# numpy and pandas store (int64, float64): `serve` takes either.
+_NARROW = {tf.int64: tf.int32, tf.float64: tf.float32}
+_WIDE = {tf.int32: tf.int64, tf.float32: tf.float64}
+
+
+def _retyped(signature, table: dict):
+  return tf.nest.map_structure(
+      lambda s: tf.TensorSpec(s.shape, table.get(s.dtype, s.dtype), name=s.name),
+      signature)
+
+
+def _as_stored(features, stored):
+  """`features` cast to the stored features' numeric dtypes (what preprocess and
+  the model saw in training), where the structures match."""
+  try:
+    tf.nest.assert_same_structure(features, stored)
+  except (ValueError, TypeError):
+    return features
+  return tf.nest.map_structure(
+      lambda value, spec: tf.cast(value, spec.dtype)
+      if value.dtype != spec.dtype and _numeric(value.dtype) and _numeric(spec.dtype)
+      else value, features, stored)
 
 
 def check_serving_signature(task, feature_spec):
@@ -108,6 +181,12 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
   """Saves `model` as a SavedModel whose `serving_default` maps stored features to
   `task.serving_outputs(model(task.preprocess(features)))`.
 
+  The signature takes any batch, and floats as float32 (the model computes in
+  it) where the data stores float64. Its `serve` function also takes the
+  features as one dict (for dict features), and numbers as int32 and float32
+  (Python numbers) or int64 and float64 (numpy, pandas): each is cast to the
+  stored dtype before `preprocess`, as in training.
+
   Args:
     model: the trained Keras model.
     task: the run's Task.
@@ -116,33 +195,77 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
 
   Returns:
     export_dir.
+
+  Raises:
+    ExportFailure: naming the cause, and the task attribute that cannot be
+      saved where one is.
   """
-  signature = task.serving_signature(with_model_shapes(feature_spec, model, task))
+  stored = tf.nest.map_structure(_batch_free, feature_spec)
+  served = with_model_shapes(feature_spec, model, task)
+  signature = task.serving_signature(
+      tf.nest.map_structure(lambda s: tf.TensorSpec(
+          s.shape, tf.float32 if s.dtype == tf.float64 else s.dtype, name=s.name),
+                            served))
   specs = _named_specs(signature)
+  structured = isinstance(signature, dict)
 
   def serve(*inputs):
-    features = tf.nest.pack_sequence_as(signature, list(inputs))
+    if structured and len(inputs) == 1 and isinstance(inputs[0], dict):
+      features = inputs[0]  # serve({"age": ..., ...})
+    else:
+      features = tf.nest.pack_sequence_as(signature, list(inputs))
+    features = _as_stored(features, stored)
     outputs = model(task.preprocess(features), training=False)
     return named_outputs(task.serving_outputs(outputs))
 
   module = tf.Module()
   module.model = model
-  # What preprocess and the serving methods use besides the model (a vocabulary's
-  # lookup table, a normalisation's variables) is saved with them.
-  module.task_objects = task_objects(task)
-  module.serve = tf.function(serve, input_signature=specs)
+  module.serve = tf.function(serve)
+  kept = []
   try:
-    # Every variable tracked directly, the ones the traced function reads and
+    default = module.serve.get_concrete_function(*specs)
+    functions = [default]
+    for variant in (_retyped(signature, _NARROW), _retyped(signature, _WIDE)):
+      variant_specs = _named_specs(variant)
+      if variant_specs != specs:
+        functions.append(module.serve.get_concrete_function(*variant_specs))
+    if structured:
+      functions += [module.serve.get_concrete_function(variant) for variant in (
+          signature, _retyped(signature, _NARROW), _retyped(signature, _WIDE))]
+    # What preprocess and the serving methods use besides the model (a
+    # vocabulary's lookup table, a normalisation's variables) is saved with
+    # them; nothing only the training pipeline uses.
+    kept = served_objects(task, functions)
+    module.task_objects = [item for _, item in kept]
+    # Every variable tracked directly, the ones the traced functions read and
     # the model's own (a seed generator's state is no layer's weight, but the
     # Keras model's default signature reads it): the session-based loader
     # (saved_model_cli, TensorFlow Serving) restores only what is tracked.
-    module.variables_read = list(module.serve.get_concrete_function().variables)
+    module.variables_read = [v for f in functions for v in f.variables]
     module.model_variables = list(model.variables)
-    tf.saved_model.save(module, export_dir,
-                        signatures={"serving_default": module.serve})
+    tf.saved_model.save(module, export_dir, signatures={"serving_default": default})
   except (AssertionError, KeyError, ValueError, TypeError, tf.errors.OpError) as e:
-    raise ExportFailure(_cause(e)) from e
+    raise ExportFailure(_unsaveable(kept, export_dir) or _cause(e)) from e
   return export_dir
+
+
+def _unsaveable(kept: list, export_dir: str) -> Optional[str]:
+  """Why the first of the task's served objects that cannot be saved on its own
+  fails, naming it (`Task.NAME`); None when each saves."""
+  probe = export_dir.rstrip("/") + ".probe"
+  try:
+    for name, item in kept:
+      try:
+        tf.saved_model.save(item, probe)
+      except (AssertionError, KeyError, ValueError, TypeError,
+              tf.errors.OpError) as e:
+        return (f"Task.{name} ({type(item).__name__}), which preprocess or a "
+                f"serving method uses, cannot be saved: {_cause(e)}")
+      finally:
+        shutil.rmtree(probe, ignore_errors=True)
+  finally:
+    shutil.rmtree(probe, ignore_errors=True)
+  return None
 
 
 def save_keras_model(model, export_dir: str) -> Optional[str]:
@@ -167,7 +290,7 @@ def save_keras_model(model, export_dir: str) -> Optional[str]:
     if no_space(e):
       raise no_space(e) from None
     return (f"{KERAS_FILE} not written: keras.models.load_model cannot load "
-            f"{type(model).__name__} without your code ({one_line(str(e))[:200]}); "
+            f"{type(model).__name__} without your code ({one_line(e, limit=None)}); "
             "register its classes with @keras.saving.register_keras_serializable()")
   os.replace(partial, path)
   return None
