@@ -12,6 +12,10 @@
   startup     the quickstart's time to first step minus `import tensorflow` alone
   workers     2 worker processes x 1 replica (gRPC collectives on 127.0.0.1)
               against 1 process x 2 replicas, on the same global batch
+  batchnorm   what synchronised BatchNormalization costs: the resnet with
+              --task.batchnorm, its statistics over the global batch (the
+              default) against each replica's (--sync_batchnorm=false), and the
+              resnet without BatchNormalization, on 2 replicas
   history     what the train loop's summary rows cost: the trainer with its
               default points (about 100 per run: a row every 2 steps here)
               against none inside calls (--summary_every above the run), on
@@ -34,7 +38,7 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = ("streams", "evaluation", "startup", "workers", "history")
+SECTIONS = ("streams", "evaluation", "startup", "workers", "history", "batchnorm")
 # (ratio name, target): the performance issue's.
 TARGETS = {"trainer / keras_fit_records": 1.3, "trainer_tfdata / keras_fit_tfdata": 1.3,
            "records / arrays": 0.9, "trainer_tfdata / arrays": 0.9,
@@ -219,6 +223,24 @@ def history(run_variant, args) -> list:
   return rows
 
 
+def batchnorm(run_variant, args) -> dict:
+  """The resnet (synthetic 28x28) with BatchNormalization synchronised over the
+  replicas, per replica, and without it: 2 replicas, interleaved over --repeats."""
+  common = dict(variant="trainer", model="resnet", dataset="synthetic", replicas=2,
+                args=args)
+  variants = interleaved(run_variant, args.repeats, {
+      name: dict(common, extra=[f"--batchnorm={mode}"])
+      for name, mode in (("BatchNorm synced", "sync"),
+                         ("BatchNorm per replica", "per_replica"),
+                         ("no BatchNorm", "none"))})
+  speed = {name: rate(result) for name, result in variants.items()}
+  return {"variants": variants, "ratios": {
+      "synced / per replica": ratio(speed["BatchNorm synced"],
+                                    speed["BatchNorm per replica"]),
+      "synced / no BatchNorm": ratio(speed["BatchNorm synced"],
+                                     speed["no BatchNorm"])}}
+
+
 def interleaved(run_variant, repeats: int, specs: dict) -> dict:
   """{name: the result of median rate (the lower middle of an even count), with
   every repeat's rate, slowest first} of each of `specs` ({name: run_variant's
@@ -257,6 +279,8 @@ def run_sections(names, *, run_variant, quickstart, args) -> dict:
         out[name] = workers(args, scratch)
       elif name == "history":
         out[name] = history(run_variant, args)
+      elif name == "batchnorm":
+        out[name] = batchnorm(run_variant, args)
   return out
 
 

@@ -68,10 +68,12 @@ def variant_config(args, **overrides):
                 learning_rate=1e-3, seed=0, steps_per_loop=args.steps_per_loop,
                 mixed_precision=args.mixed_precision, jit_compile=args.jit_compile,
                 summary_every=getattr(args, "summary_every", 0),
-                fused_optimizer=getattr(args, "fused_optimizer", True))
+                fused_optimizer=getattr(args, "fused_optimizer", True),
+                sync_batchnorm=getattr(args, "batchnorm", "none") != "per_replica")
   values.update(overrides)
   data_flags = [f"--dataset={args.dataset}", "--synthetic_shape=28,28,1",
-                f"--synthetic_examples={getattr(args, 'synthetic_examples', 4096)}"]
+                f"--synthetic_examples={getattr(args, 'synthetic_examples', 4096)}",
+                f"--task.batchnorm={getattr(args, 'batchnorm', 'none') != 'none'}"]
   if getattr(args, "train_files", None):
     data_flags = ["--dataset=tfrecord", f"--train_files={args.train_files}",
                   f"--eval_files={args.train_files.replace('train-', 'test-')}"]
@@ -434,6 +436,10 @@ def main():
   parser.add_argument("--fused_optimizer", default="true", choices=("true", "false"),
                       help="trainer variants: Adam as one fused op per variable "
                       "(the trainer's default) or as Keras's element-wise ops")
+  parser.add_argument("--batchnorm", default="none",
+                      choices=("none", "sync", "per_replica"),
+                      help="trainer variants: --task.batchnorm, with the global "
+                      "batch's statistics (sync) or each replica's")
   parser.add_argument("--synthetic_examples", type=int, default=4096)
   parser.add_argument("--summary_every", type=int, default=0,
                       help="trainer variants: steps between summary points")

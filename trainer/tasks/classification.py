@@ -54,9 +54,12 @@ class Classification(Task):
       lower=0.0, upper=0.95)
   l2: float = hyperparameter(0.0, "L2 weight regularization factor on kernels.",
                              lower=0.0)
+  batchnorm: bool = hyperparameter(
+      False, "Classification: BatchNormalization after every hidden convolution "
+      "and dense layer of --model (before its ReLU).")
 
   layout_fields = ("dataset", "num_classes", "synthetic_shape", "model", "dropout",
-                   "l2")
+                   "l2", "batchnorm")
   metric_goals = {"accuracy": "max"}
   best_metric = "eval/accuracy"
 
@@ -95,7 +98,8 @@ class Classification(Task):
   def build_model(self):
     from trainer.tasks import image_models  # Imports Keras: after the devices.
     head = image_models.Head(num_classes=self.source.num_classes,
-                             dropout=self.dropout, l2=self.l2, seed=self._seed)
+                             dropout=self.dropout, l2=self.l2, seed=self._seed,
+                             batchnorm=self.batchnorm)
     return image_models.build_model(self.model, input_shape=self.source.input_shape,
                                     head=head)
 

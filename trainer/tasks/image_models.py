@@ -9,11 +9,13 @@ from trainer.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class Head:
-  """What every model ends with: dropout, L2 and the logits."""
+  """What every model ends with (dropout, L2 and the logits), and whether its
+  hidden layers are batch-normalised."""
   num_classes: int
   dropout: float = 0.0
   l2: float = 0.0
   seed: int = 0
+  batchnorm: bool = False
 
 
 def _head(x, head: Head):
@@ -29,46 +31,51 @@ def _regularizer(head: Head):
   return keras.regularizers.L2(head.l2) if head.l2 else None
 
 
+def _unit(x, head: Head, layer_class, *args, activation="relu", **kwargs):
+  """`layer_class(*args, **kwargs)` on x with its activation; with
+  --task.batchnorm, a BatchNormalization between the layer and the activation.
+  Without it, the layers are those the model always had."""
+  kwargs["kernel_regularizer"] = _regularizer(head)
+  if not head.batchnorm:
+    return layer_class(*args, activation=activation, **kwargs)(x)
+  x = keras.layers.BatchNormalization()(layer_class(*args, **kwargs)(x))
+  return keras.layers.Activation(activation)(x) if activation else x
+
+
 def _cnn(inputs, head: Head):
   """The seed's CNN: Conv2D(32,3)-MaxPool-Flatten-Dense(64)-Dense(classes)."""
   x = inputs if len(inputs.shape) == 4 else keras.layers.Reshape(
       _as_image(inputs.shape[1:]))(inputs)
-  x = keras.layers.Conv2D(32, 3, activation="relu",
-                          kernel_regularizer=_regularizer(head))(x)
+  x = _unit(x, head, keras.layers.Conv2D, 32, 3)
   x = keras.layers.MaxPooling2D(2)(x)
   x = keras.layers.Flatten()(x)
-  x = keras.layers.Dense(64, activation="relu",
-                         kernel_regularizer=_regularizer(head))(x)
+  x = _unit(x, head, keras.layers.Dense, 64)
   return _head(x, head)
 
 
 def _mlp(inputs, head: Head):
   """Flatten-Dense(128)-Dense(classes)."""
   x = keras.layers.Flatten()(inputs)
-  x = keras.layers.Dense(128, activation="relu",
-                         kernel_regularizer=_regularizer(head))(x)
+  x = _unit(x, head, keras.layers.Dense, 128)
   return _head(x, head)
 
 
 def _resnet(inputs, head: Head):
-  """A small ResNet: a stem and three residual stages of 16, 32, 64 channels.
-
-  No BatchNorm, so replicas stay exactly equivalent to one device.
-  """
+  """A small ResNet: a stem and three residual stages of 16, 32, 64 channels,
+  each convolution batch-normalised with --task.batchnorm."""
   x = inputs if len(inputs.shape) == 4 else keras.layers.Reshape(
       _as_image(inputs.shape[1:]))(inputs)
-  reg = _regularizer(head)
-  x = keras.layers.Conv2D(16, 3, padding="same", activation="relu",
-                          kernel_regularizer=reg)(x)
+  x = _unit(x, head, keras.layers.Conv2D, 16, 3, padding="same")
   for stage, filters in enumerate((16, 32, 64)):
     strides = 1 if stage == 0 else 2
     shortcut = x
     if strides != 1 or x.shape[-1] != filters:
-      shortcut = keras.layers.Conv2D(filters, 1, strides=strides,
-                                     kernel_regularizer=reg)(x)
-    y = keras.layers.Conv2D(filters, 3, strides=strides, padding="same",
-                            activation="relu", kernel_regularizer=reg)(x)
-    y = keras.layers.Conv2D(filters, 3, padding="same", kernel_regularizer=reg)(y)
+      shortcut = _unit(x, head, keras.layers.Conv2D, filters, 1, strides=strides,
+                       activation=None)
+    y = _unit(x, head, keras.layers.Conv2D, filters, 3, strides=strides,
+              padding="same")
+    y = _unit(y, head, keras.layers.Conv2D, filters, 3, padding="same",
+              activation=None)
     x = keras.layers.ReLU()(keras.layers.Add()([shortcut, y]))
   x = keras.layers.GlobalAveragePooling2D()(x)
   return _head(x, head)

@@ -24,6 +24,8 @@ Two kinds of layer break "N replicas equal one device" as Keras builds them:
   so a resume redraws the same.
 """
 
+import functools
+
 import keras
 import tensorflow as tf
 
@@ -45,9 +47,32 @@ def synchronize_batchnorm(model: keras.Model) -> list:
   statistics while training. Returns the layers that were not synchronized (to
   give back their user's setting with `as_built`)."""
   changed = [layer for layer in batchnorm_layers(model) if not layer.synchronized]
-  for layer in changed:
+  for layer in batchnorm_layers(model):
     layer.synchronized = True
+    # Not tracked by Keras: a method of this instance only.
+    object.__setattr__(layer, "_moments", functools.partial(
+        _global_moments, layer, type(layer)._moments.__get__(layer)))
   return changed
+
+
+@tf.autograph.experimental.do_not_convert
+def _global_moments(layer, keras_moments, inputs, mask):
+  """The mean and variance of the global batch, as Keras's synchronized moments
+  computes them, with one all-reduce (Keras makes three: the sums, the sums of
+  squares and the counts). Every replica's batch has the same size (the batch
+  assertion), so the count is this replica's times the replicas. With a mask,
+  Keras's own moments (computed on this replica)."""
+  context = tf.distribute.get_replica_context()
+  if mask is not None or context is None or tf.distribute.in_cross_replica_context():
+    return keras_moments(inputs, mask)
+  axes = layer._reduction_axes
+  local = tf.concat([tf.reduce_sum(inputs, axis=axes),
+                     tf.reduce_sum(tf.square(inputs), axis=axes)], 0)
+  total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+  count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(inputs), axes)), inputs.dtype)
+  count *= context.num_replicas_in_sync
+  mean, squares = tf.split(total / count, 2)
+  return mean, tf.maximum(squares - tf.square(mean), 0.0)
 
 
 class as_built:  # noqa: N801 (a context manager, named for what it gives)
