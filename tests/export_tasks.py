@@ -53,7 +53,7 @@ class Exportable(trainer.Task):
 
   def serving_outputs(self, outputs):
     if self.fail_export:
-      raise ValueError("serving_outputs has a bug")
+      raise RuntimeError("serving_outputs has a bug")  # Any error type.
     return outputs
 
   def build_model(self):

@@ -154,3 +154,51 @@ class DictOutputs(Imbalanced):
 
   def finalize_metrics(self, means, *, sums, examples):
     return dict(means, positives=sums["positive"], counted=float(examples))
+
+
+class MaxError(keras.metrics.Metric):
+  """The largest absolute error seen: a running maximum in a variable Keras
+  declares "sum" (its default), so summing the replicas' copies is wrong."""
+
+  def __init__(self, name="max_error", **kwargs):
+    super().__init__(name=name, **kwargs)
+    self.largest = self.add_variable(shape=(), initializer="zeros", name="largest")
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    del sample_weight
+    error = tf.reduce_max(tf.abs(tf.cast(y_true, tf.float32) - y_pred))
+    self.largest.assign(tf.maximum(self.largest, error))
+
+  def result(self):
+    return tf.convert_to_tensor(self.largest)
+
+
+@dataclasses.dataclass
+class MaxErrorMetric(Imbalanced):
+  def build_metrics(self):
+    return {"max_error": MaxError()}
+
+
+class FailsAfter(keras.metrics.Metric):
+  """A mean of the predictions whose update_state fails, in the graph, once it
+  has seen `limit` examples (as a user's metric with a bug in a rare case)."""
+
+  def __init__(self, limit=200, name="fails_after", **kwargs):
+    super().__init__(name=name, **kwargs)
+    self.limit = limit
+    self.seen = self.add_variable(shape=(), initializer="zeros", name="seen")
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    del y_true, sample_weight
+    self.seen.assign_add(tf.cast(tf.shape(y_pred)[0], tf.float32))
+    tf.debugging.assert_less(self.seen, float(self.limit),
+                             message="the bins overflowed")
+
+  def result(self):
+    return tf.convert_to_tensor(self.seen)
+
+
+@dataclasses.dataclass
+class FailingMetric(Imbalanced):
+  def build_metrics(self):
+    return {"fragile": FailsAfter()}

@@ -29,6 +29,8 @@ def test_every_field_is_a_flag_with_help():
     (dict(hang_timeout="soon"), "--hang_timeout=soon: must be a positive duration "
                                 "of at most 100 years, such as 90m, 2h or 3600s"),
     (dict(global_batch_size=0), "--global_batch_size=0: must be >= 1"),
+    (dict(learning_rate=0.0), "--learning_rate=0: must be > 0"),
+    (dict(model_dir=""), "--model_dir=: must name a directory"),
     (dict(train_steps=2**63), "--train_steps=9223372036854775808: must be <= "),
     (dict(max_time="99999999999999999999h"), "--max_time=99999999999999999999h: "
                                              "must be a positive duration"),

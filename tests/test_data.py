@@ -2,6 +2,8 @@
 sets, and an input order that is a function of (seed, step) so a resume needs no
 iterator state."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -118,10 +120,39 @@ def test_training_batches_carry_the_sample_weights_in_the_seeded_order():
     ((_X, _Y, np.ones(9)), r"different numbers of examples \(9, 10\)"),
     ((_X, _Y, _W, _W), r"must return \(features, labels\) arrays, \(features, "
      r"labels, weights\)"),
+    # They ended mid-run in "Cast string to float is not supported".
+    ((_X, _Y, np.array(["1"] * 10)), r"weights must be numbers, got dtype <U1"),
+    ((_X, _Y, np.array([b"1"] * 10, object)), r"weights must be numbers, got dtype "
+     r"object"),
 ])
-def test_bad_weights_are_refused(value, message):
-  with pytest.raises(DataError, match=message):
-    data.check_arrays(value, what="Task.train_data()")
+@pytest.mark.parametrize("split", ["Task.train_data()", "Task.eval_data()"])
+def test_bad_weights_are_refused(value, message, split):
+  with pytest.raises(DataError, match=re.escape(split) + ": .*" + message):
+    data.as_task_data(value, what=split, finite=split == "Task.eval_data()")
+
+
+@pytest.mark.parametrize("split", ["Task.train_data()", "Task.eval_data()"])
+def test_a_datasets_string_weights_are_refused(split):
+  weights = tf.data.Dataset.from_tensor_slices((_X, _Y, np.array(["1"] * 10)))
+  with pytest.raises(DataError, match=re.escape(
+      f"{split}: an element's weight must be one number, got TensorSpec(shape=(), "
+      "dtype=tf.string")):
+    data.as_task_data(weights, what=split, finite=split == "Task.eval_data()")
+
+
+def test_elements_that_change_shape_stop_the_run_in_one_line(tmp_path):
+  """The probe sees the first elements only; tf.data's batch fails mid-run, and
+  the error names the split and the shapes (it was a traceback)."""
+  import trainer
+  from user_tasks import ChangingShape
+  for array_input in ("gather", "dataset"):
+    with pytest.raises(DataError, match=re.escape(
+        "Task.train_data(): its elements change shape: component 0 of a batch's "
+        "first element has shape [5], of its element ")):
+      trainer.train(trainer.Config(
+          train_steps=40, per_replica_batch_size=16, array_input=array_input,
+          summaries=False, model_dir=str(tmp_path / array_input)),
+                    task=ChangingShape())
 
 
 def _write_npz(path, **arrays):

@@ -4,6 +4,7 @@ device; sample and class weights train as `fit` does; the eval loss is weighted
 only by the eval data's own weights."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -90,11 +91,45 @@ def test_eval_weights_weigh_the_eval_loss_and_metrics_as_keras_does(model_dir):
   _check_against_keras(model_dir, task)
 
 
-def test_a_metric_that_sums_cannot_merge_is_refused_in_one_line(model_dir):
-  process = run_cli("--task=keras_tasks:UnmergeableMetric", "--train_steps=5",
-                    f"--model_dir={model_dir}", python_path=TESTS)
-  one_line_error(process, "Task.build_metrics()['last']: its state "
-                 "last_batch_mean/value is merged by 'mean', not summed")
+@pytest.mark.parametrize("task, name, declared", [
+    ("MaxErrorMetric", "max_error", "sum"), ("UnmergeableMetric", "last", "mean")])
+def test_a_metric_whose_state_does_not_merge_is_refused_in_one_line(
+    model_dir, task, name, declared):
+  """A running maximum declared "sum" (Keras's default) summed over 2 replicas
+  reported twice the true maximum error; a last batch's mean merged by "mean"
+  is no device's. Both are refused before anything is written."""
+  process = run_cli(f"--task=keras_tasks:{task}", "--train_steps=5",
+                    "--cpu_devices=2", f"--model_dir={model_dir}",
+                    python_path=TESTS)
+  one_line_error(process, f"Task.build_metrics()[{name!r}]: its state does not "
+                 f"merge over replicas by its variables' declared aggregation "
+                 f"({declared}): on 8 training examples it gives ")
+  assert not os.path.exists(model_dir)
+
+
+def test_a_running_maximum_is_right_on_one_replica(model_dir):
+  results = presets.train(task=keras_tasks.MaxErrorMetric(), model_dir=model_dir,
+                          cpu_devices=1, train_steps=5, mode="train_and_eval")
+  _, model = trainer.load(model_dir)
+  x, y = keras_tasks.MaxErrorMetric().eval_data()
+  largest = np.max(np.abs(y - model.predict(x, verbose=0)))
+  assert results["eval"]["max_error"] == pytest.approx(largest, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_running_maximum_is_refused_on_two_workers(tmp_path):
+  model_dir = str(tmp_path / "run")
+  result = subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
+       "--num_workers=2", "--grace_seconds=5", "--",
+       "--task=keras_tasks:MaxErrorMetric", "--train_steps=5", "--cpu_devices=1",
+       f"--model_dir={model_dir}"], cwd=REPO,
+      env=cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]), TMPDIR=str(tmp_path)),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 2, result.stdout[-3000:]
+  assert ("[worker 0] error: Task.build_metrics()['max_error']: its state does not "
+          "merge over replicas") in result.stdout
+  assert "Traceback" not in result.stdout
   assert not os.path.exists(model_dir)
 
 
@@ -167,3 +202,55 @@ def test_dict_outputs_name_the_output_a_metric_reads_and_finalize_sees_sums(
   assert results["eval"]["positives"] == float(np.sum(y))  # A sum, not a mean.
   assert results["eval"]["counted"] == 203 == results["eval"]["examples"]
   assert results["train"]["counted"] == 5 * 32  # The last call's 5 steps.
+
+
+def test_class_weights_of_soft_and_float_labels_are_keras_fits():
+  """Keras rounds a single column of labels (0.9 is class 1) and takes the argmax
+  of rows; trainer truncated 0.9 to class 0."""
+  import tensorflow as tf
+  from keras.src.trainers.data_adapters import data_adapter_utils
+  from trainer.training.objective import Objective
+  class_weight = {0: 1.0, 1: 0.0, 2: 3.0}
+  objective = Objective(keras_tasks.Imbalanced(), streaming={},
+                        class_weight=class_weight)
+  for labels in (np.array([[0.9], [0.2], [0.5], [1.5], [2.2]], np.float32),
+                 np.array([[0.1, 0.7, 0.2], [0.6, 0.3, 0.1], [0, 0, 1.0]],
+                          np.float32)):
+    outputs = np.full(labels.shape[:1] + (1,), 0.3, np.float32)
+    if labels.shape[-1] > 1:
+      outputs = np.full(labels.shape, 0.3, np.float32)
+    ones = tf.ones(len(labels))
+    unweighted = objective.loss(labels, outputs, ones, training=False).numpy()
+    weighted = objective.loss(labels, outputs, ones, training=True).numpy()
+    expected = data_adapter_utils.class_weight_to_sample_weights(labels,
+                                                                 class_weight)
+    np.testing.assert_allclose(weighted, unweighted * expected, rtol=1e-6)
+
+
+def test_class_weights_need_class_labels(model_dir):
+  """The regression task's targets (negative, not integers) are no class ids:
+  refused before training, naming the flag (it ended mid-run in a GatherV2
+  traceback)."""
+  with pytest.raises(trainer.errors.ConfigError, match=re.escape(
+      "--class_weight: class weights need class labels (integers >= 0, one-hot "
+      "rows, or soft binary labels in [0, 1]), but Task.train_data()'s labels "
+      "include -")):
+    presets.train("--task=regression", "--class_weight=0:2", model_dir=model_dir)
+  assert not os.path.exists(model_dir)
+
+
+def test_a_huge_class_id_builds_no_table_as_large(model_dir):
+  """--class_weight=100000000000:1 ended in MemoryError (a dense table)."""
+  results = presets.train(*presets.FAST, "--class_weight=100000000000:1,3:2",
+                          model_dir=model_dir, train_steps=3)
+  assert results["status"] == "completed"
+
+
+def test_a_tasks_negative_class_weight_is_refused_as_the_flags_is(model_dir):
+  task = keras_tasks.ImbalancedClassWeight()
+  task.class_weight = {0: -5}
+  with pytest.raises(trainer.errors.TaskError, match=re.escape(
+      "Task.class_weight must be a dict of class ids (int >= 0) to finite weights "
+      ">= 0, got {0: -5}")):
+    presets.train(task=task, model_dir=model_dir, train_steps=2)
+  assert not os.path.exists(model_dir)

@@ -1,6 +1,7 @@
 """A user's own actions, end to end: trainer.STOP, `every`, the task's actions in a
 CLI run writing summaries, and user code that raises; and trainer.load."""
 
+import json
 import os
 
 import numpy as np
@@ -109,3 +110,79 @@ def test_load_gives_the_latest_or_the_best_weights(model_dir):
   assert results["best_eval"]["step"] < 30  # "Best" (the highest loss) is earlier.
   with pytest.raises(trainer.errors.ModelDirError, match="no flags.txt"):
     trainer.load(os.path.join(model_dir, "nothing"))
+  # A garbled best checkpoint: the documented error, not TensorFlow's OpError.
+  best_dir = os.path.join(model_dir, "checkpoints", "best")
+  [index] = [n for n in os.listdir(best_dir) if n.endswith(".index")]
+  with open(os.path.join(best_dir, index), "wb") as f:
+    f.write(b"not a checkpoint index")
+  with pytest.raises(trainer.errors.ModelDirError,
+                     match="the best checkpoint cannot be read"):
+    trainer.load(model_dir, best=True)
+  trainer.load(model_dir)  # The latest still loads.
+
+
+def test_an_action_raising_keyboard_interrupt_stops_as_sigint(model_dir):
+  """It killed the process with -2 and a traceback, and no status."""
+  process = run_cli("--task=user_tasks:InterruptingAction", "--train_steps=30",
+                    "--steps_per_loop=5", f"--model_dir={model_dir}",
+                    python_path=TESTS)
+  assert process.returncode == 4, process.stderr[-2000:]
+  assert ("action _interrupt_at_ten raised KeyboardInterrupt: saved a checkpoint at "
+          "step 10; rerun the same command to resume") in process.stdout
+  assert "Traceback" not in process.stderr
+  results = read_results(model_dir)
+  assert results["status"] == "interrupted" and results["global_step"] == 10
+  assert os.path.exists(os.path.join(model_dir, "checkpoints", "ckpt-10.index"))
+
+
+def test_an_action_calling_sys_exit_is_its_failure(model_dir):
+  """sys.exit(0) at step 10 of 30 exited 0 with no status: a silent half-run."""
+  process = run_cli("--task=user_tasks:ExitingAction", "--train_steps=30",
+                    "--steps_per_loop=5", f"--model_dir={model_dir}",
+                    python_path=TESTS)
+  assert process.returncode == 1, process.stderr[-2000:]
+  assert process.stderr.strip().splitlines()[-1] == (
+      "error: action _exit_at_ten raised SystemExit: 0 (the checkpoints written so "
+      "far are kept)")
+  assert read_results(model_dir)["status"] == "failed"
+
+
+def test_a_metric_failing_in_the_graph_is_named_in_one_line(model_dir):
+  """A streaming metric's update_state failing at run time (a tf.debugging
+  assertion) ended in a traceback at a TensorFlow node, with no line naming the
+  metric and no status."""
+  # Its state resets with each loop call: 10 steps of 32 pass its 200.
+  process = run_cli("--task=keras_tasks:FailingMetric", "--train_steps=40",
+                    "--steps_per_loop=10", "--mode=train", f"--model_dir={model_dir}",
+                    python_path=TESTS)
+  assert process.returncode == 1, process.stderr[-2000:]
+  assert process.stderr.strip().splitlines()[-1].startswith(
+      "error: Task.build_metrics()['fragile'] (update_state) raised "
+      "InvalidArgumentError: assertion failed: [the bins overflowed]")
+  assert read_results(model_dir)["status"] == "failed"
+
+
+def test_a_loss_that_raises_is_named_with_its_own_message(model_dir):
+  """The line ended at "... raised ValueError: in user code:", without the cause."""
+  from user_tasks import RaisingLoss
+  with pytest.raises(trainer.errors.UserCodeError) as raised:
+    train(*FAST, model_dir=model_dir, task=RaisingLoss(), train_steps=2)
+  assert str(raised.value) == ("Task.loss raised ValueError: the labels must be "
+                               "probabilities")
+
+
+def test_a_metric_that_is_not_a_number_is_null_in_results_json(model_dir, capsys):
+  """results.json held a bare NaN, which is not JSON."""
+  from user_tasks import NanMetric
+  train(*FAST, model_dir=model_dir, task=NanMetric(), train_steps=5,
+        mode="train_and_eval")
+  with open(os.path.join(model_dir, "results.json")) as f:
+    text = f.read()
+
+  def refuse(constant):
+    raise ValueError(f"{constant} is not JSON")
+
+  results = json.loads(text, parse_constant=refuse)
+  assert results["eval"]["ratio"] is None and results["train"]["ratio"] is None
+  assert results["eval"]["mae"] > 0
+  assert "(ratio was not a number: null in results.json)" in capsys.readouterr().out

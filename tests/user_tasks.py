@@ -366,3 +366,74 @@ class MismatchedEval(Quadratic):
   def eval_data(self):
     x, y = _quadratic_arrays(20, seed=1)
     return np.concatenate([x, x[:, :1]], axis=1), y
+
+
+@dataclasses.dataclass
+class ChangingShape(trainer.Task):
+  """A dataset whose feature width changes after 300 elements (5, then 6)."""
+
+  def build_model(self):
+    return keras.Sequential([keras.layers.Dense(1)])
+
+  def train_data(self):
+    def part(width):
+      return tf.data.Dataset.from_tensor_slices(
+          (np.ones((300, width), np.float32), np.ones((300, 1), np.float32)))
+    return part(5).concatenate(part(6))
+
+  def loss(self, labels, outputs):
+    return tf.reduce_mean(tf.square(outputs - labels), axis=-1)
+
+
+def _interrupt_at_ten(context):
+  if context.step >= 10:
+    raise KeyboardInterrupt
+
+
+def _exit_at_ten(context):
+  if context.step >= 10:
+    import sys
+    sys.exit(0)
+
+
+@dataclasses.dataclass
+class InterruptingAction(Quadratic):
+  """Its action raises KeyboardInterrupt at step 10 (as SIGINT)."""
+
+  layout_fields = ()
+
+  def actions(self):
+    return [_interrupt_at_ten]
+
+
+@dataclasses.dataclass
+class ExitingAction(Quadratic):
+  """Its action calls sys.exit(0) at step 10: a failure, not a success."""
+
+  layout_fields = ()
+
+  def actions(self):
+    return [_exit_at_ten]
+
+
+@dataclasses.dataclass
+class RaisingLoss(Quadratic):
+  """Its loss raises in the user's own code (AutoGraph wraps it "in user code")."""
+
+  layout_fields = ()
+
+  def loss(self, labels, outputs):
+    if labels.shape[-1] == 1:
+      raise ValueError("the labels must be probabilities")
+    return super().loss(labels, outputs)
+
+
+@dataclasses.dataclass
+class NanMetric(Quadratic):
+  """A metric that is not a number (0/0 on every example)."""
+
+  layout_fields = ()
+
+  def metrics(self, labels, outputs):
+    zero = tf.reduce_sum(outputs - outputs, axis=-1)
+    return dict(super().metrics(labels, outputs), ratio=zero / zero)

@@ -74,6 +74,18 @@ def one_line(cause, *, limit: int = _MAX_LINE) -> str:
   shortened to `limit` characters (None: as long as it is) to fit in a one-line
   error."""
   message = getattr(cause, "message", None) or str(cause)
+  lines = [part.strip() for part in message.splitlines() if part.strip()]
+  if len(lines) > 1 and lines[0] == "Graph execution error:":
+    # Then "Detected at node N defined at", the Python frames of the node and
+    # the op's own message.
+    told = [line for line in lines[1:] if not line.startswith(
+        ("Detected at node", 'File "', "<stack traces unavailable>"))]
+    message = told[0] if told else lines[0]
+  elif len(lines) > 1 and lines[0].endswith("in user code:"):
+    # AutoGraph's "in user code:" frames, then the user's own error last (its
+    # type is the error's own, which the caller names).
+    message = re.sub(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt): ", "",
+                     lines[-1])
   message = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)
   message = re.sub(r"\s*\[\[\{\{node [^]]*\]\]", "", message)
   message = re.sub(r"\s*\[Op:[^]]*\]( name: .*)?", "", message)
@@ -174,5 +186,6 @@ def user_code(method: str):
     yield
   except TrainerError:
     raise
-  except Exception as e:  # noqa: BLE001 (the user's code: any error is theirs)
+  except (Exception, SystemExit) as e:  # noqa: BLE001 (the user's code: any
+    # error is theirs, and sys.exit() in a task method its failure).
     raise UserCodeError(method, e) from e

@@ -16,9 +16,10 @@ Example (runs as written):
         actions=[stop_at_target])
 
 Actions run on every worker of a cluster, each on its own copy of the model: only
-the chief (`context.is_chief`) should write files. An action that raises shows its
-traceback and one line naming it; the run exits 1 with status "failed" and keeps
-its checkpoints.
+the chief (`context.is_chief`) should write files. An action that raises (or calls
+`sys.exit`) shows its traceback and one line naming it; the run exits 1 with status
+"failed" and keeps its checkpoints. One that raises KeyboardInterrupt stops the
+run as SIGINT does: a checkpoint of that step, status "interrupted", exit 4.
 """
 
 import dataclasses
@@ -108,7 +109,13 @@ class UserAction(Action):
   def __call__(self, call: LoopCall):
     try:
       result = self._action(self._context(call))
-    except Exception as e:  # noqa: BLE001 (the user's code: any error is theirs)
+    except KeyboardInterrupt:
+      # As SIGINT: every worker stops at this step, with its checkpoint.
+      return Stop(RunStatus.INTERRUPTED, f"action {self.name} raised "
+                  f"KeyboardInterrupt: saved a checkpoint at step {call.step}; "
+                  "rerun the same command to resume")
+    except (Exception, SystemExit) as e:  # noqa: BLE001 (the user's code: any
+      # error is theirs; sys.exit() in an action is its failure, not a success).
       raise UserCodeError(f"action {self.name}", e) from e
     if result is STOP:
       return Stop(RunStatus.STOPPED, f"action {self.name} returned trainer.STOP at "

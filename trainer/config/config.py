@@ -42,6 +42,9 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
       raise ConfigError(f"--global_batch_size={self.global_batch_size} and "
                         f"--per_replica_batch_size={self.per_replica_batch_size}: "
                         "set one of them")
+    if self.model_dir is not None and not self.model_dir.strip():
+      raise ConfigError("--model_dir=: must name a directory, e.g. runs/r1 (leave "
+                        "it out for a new one under runs/)")
     if self.mode == "eval" and not self.model_dir:
       raise ConfigError("--mode=eval needs --model_dir of a trained run")
     if self.strategy == "multi_worker" and not self.model_dir:
@@ -56,6 +59,9 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
       raise ConfigError(f"--hparams: unknown flag(s) {', '.join(unknown)}")
 
   def _check_optimization(self):
+    if self.learning_rate == 0:
+      raise ConfigError("--learning_rate=0: must be > 0 (a run at rate 0 never "
+                        "changes its weights; --mode=eval evaluates a checkpoint)")
     decay_steps = self.decay_steps or self.train_steps
     if self.lr_schedule in ("cosine", "linear", "exponential") and (
         decay_steps <= self.warmup_steps):

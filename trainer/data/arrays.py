@@ -212,6 +212,10 @@ def check_arrays(value, *, what: str) -> ArrayData:
                                arrays[2].ndim == 1):
     raise DataError(f"{what}: weights must be one number per example, shape "
                     f"({sizes[0]},)")
+  if len(arrays) == 3 and not (np.issubdtype(arrays[2].dtype, np.number) or
+                               arrays[2].dtype == np.bool_):
+    raise DataError(f"{what}: weights must be numbers, got dtype "
+                    f"{arrays[2].dtype} (e.g. {arrays[2][0]!r})")
   return ArrayData(*arrays, what=what)
 
 

@@ -14,6 +14,7 @@ exactly once, padded with weight-0 examples to whole batches.
 """
 
 import dataclasses
+import re
 from typing import Optional
 
 import tensorflow as tf
@@ -115,9 +116,11 @@ class TaskData:
   def explain_error(self, error: Exception, cluster: Cluster, *, split: str,
                     step: int, order: Optional[Order] = None, position: int = 0,
                     records: int = 0) -> Optional[DataError]:
-    """A DataError naming the bad record behind a loop call's `error`, or None."""
-    del error, cluster, split, step, order, position, records
-    return None
+    """A DataError naming the bad element or record behind a loop call's
+    `error`, or None. Here: elements whose shapes change (tf.data cannot batch
+    them; the probe saw only the first ones)."""
+    del cluster, order, position, records
+    return changing_shapes(error, what=self.what, split=split, step=step)
 
   def gather_input(self, strategy, cluster: Cluster, order: Order, *,
                    per_replica_batch_size: int, preprocess):
@@ -125,6 +128,23 @@ class TaskData:
     when this data cannot be gathered."""
     del strategy, cluster, order, per_replica_batch_size, preprocess
     return None
+
+
+def changing_shapes(error: Exception, *, what: str, split: str,
+                    step: int) -> Optional[DataError]:
+  """The DataError of a loop call that failed because tf.data could not batch
+  elements of different shapes, or None."""
+  found = re.search(r"Cannot batch tensors with different shapes in component "
+                    r"(\d+)\. First element had shape (\[[^]]*\]) and element "
+                    r"(\d+) had shape (\[[^]]*\])", str(error))
+  if not found:
+    return None
+  component, first, index, other = found.groups()
+  return DataError(
+      f"{what}: its elements change shape: component {component} of a batch's "
+      f"first element has shape {first}, of its element {index} {other} ({split} "
+      f"stopped in the steps after {step}; the checkpoints written so far are "
+      "kept); give every element the same shape (pad or crop them in the dataset)")
 
 
 @tf.autograph.experimental.do_not_convert

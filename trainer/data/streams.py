@@ -338,7 +338,9 @@ def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool,
     raise DataError(f"{what}: {kind} must yield (features, labels) pairs or "
                     f"(features, labels, weights), got elements {spec}")
   if len(spec) == 3 and not (isinstance(spec[2], tf.TensorSpec) and
-                             spec[2].shape.rank == 0):
+                             spec[2].shape.rank == 0 and
+                             (spec[2].dtype.is_floating or spec[2].dtype.is_integer
+                              or spec[2].dtype == tf.bool)):
     raise DataError(f"{what}: an element's weight must be one number, got {spec[2]}")
   if is_batched(dataset):
     raise DataError(

@@ -4,6 +4,7 @@ The signature applies the task's `preprocess` (as training did) before the model
 its `serving_outputs` after it, so a served model takes raw stored values.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
+from trainer.autograph import graph_code
 from trainer.errors import TaskError, no_space, one_line
 
 KERAS_FILE = "model.keras"  # Keras' own format, beside the SavedModel's files.
@@ -215,12 +217,18 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
     else:
       features = tf.nest.pack_sequence_as(signature, list(inputs))
     features = _as_stored(features, stored)
-    outputs = model(task.preprocess(features), training=False)
-    return named_outputs(task.serving_outputs(outputs))
+    with _blamed("Task.preprocess"):
+      features = graph_code(task.preprocess)(features)
+    with _blamed(f"the model's call ({type(model).__name__})"):
+      outputs = model(features, training=False)
+    with _blamed("Task.serving_outputs"):
+      return named_outputs(graph_code(task.serving_outputs)(outputs))
 
   module = tf.Module()
   module.model = model
-  module.serve = tf.function(serve)
+  # Not converted by AutoGraph itself (so that _blamed sees the task's errors);
+  # the task's methods are, as in a tf.function.
+  module.serve = tf.function(serve, autograph=False)
   kept = []
   try:
     default = module.serve.get_concrete_function(*specs)
@@ -244,9 +252,31 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
     module.variables_read = [v for f in functions for v in f.variables]
     module.model_variables = list(model.variables)
     tf.saved_model.save(module, export_dir, signatures={"serving_default": default})
+  except _TaskMethodFailed as e:
+    raise ExportFailure(f"{e.method} raised {type(e.cause).__name__}: "
+                        f"{one_line(e.cause)}") from e.cause
   except (AssertionError, KeyError, ValueError, TypeError, tf.errors.OpError) as e:
     raise ExportFailure(_unsaveable(kept, export_dir) or _cause(e)) from e
   return export_dir
+
+
+class _TaskMethodFailed(Exception):
+  """A task method (or the model) raised while the serving function traced."""
+
+  def __init__(self, method: str, cause: Exception):
+    super().__init__(method)
+    self.method, self.cause = method, cause
+
+
+@contextlib.contextmanager
+def _blamed(method: str):
+  try:
+    yield
+  except _TaskMethodFailed:
+    raise
+  except Exception as e:  # noqa: BLE001 (the user's code: any error is theirs)
+    raise _TaskMethodFailed(method, e) from e
+
 
 
 def _unsaveable(kept: list, export_dir: str) -> Optional[str]:
@@ -306,7 +336,4 @@ def _cause(error: Exception) -> str:
             "resource) that is neither the model's nor an attribute of the task: "
             "keep it on the task (self.NAME = ..., e.g. in Task.prepare()) so the "
             "export can save it")
-  # TensorFlow's "in user code:" errors put the cause on their last lines.
-  lines = [line.strip() for line in message.splitlines() if line.strip()]
-  cause = lines[-1] if lines and lines[0].endswith("in user code:") else message
-  return f"{type(error).__name__}: {one_line(cause)}"
+  return f"{type(error).__name__}: {one_line(error)}"

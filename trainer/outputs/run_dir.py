@@ -3,6 +3,7 @@
 import contextlib
 import fcntl
 import json
+import math
 import os
 import socket
 import tempfile
@@ -38,7 +39,20 @@ def _umask() -> int:
 
 
 def write_json(path: str, data: dict):
-  write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+  """Writes `data` as JSON, atomically; a NaN or infinite number (a metric that
+  was not a number) as null, since JSON has no such numbers."""
+  write_atomic(path, json.dumps(_finite(data), indent=2, sort_keys=True,
+                                allow_nan=False) + "\n")
+
+
+def _finite(value):
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {k: _finite(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_finite(v) for v in value]
+  return value
 
 
 def read_json(path: str):

@@ -119,7 +119,11 @@ class Task:
     best_metric: the metric that picks the best evaluation by default.
     class_weight: {class id: weight} weighing each example's training loss by
       its label's class, as Keras `fit(class_weight=...)` (classes not named
-      weigh 1; evaluation is not weighed); --class_weight overrides it.
+      weigh 1; evaluation is not weighed); --class_weight overrides it. A label
+      row of several columns is the class of its argmax; a single column is
+      rounded, as Keras does, so a soft label of 0.9 is class 1. Labels that are
+      no class ids (negative, or fractions above 1: a regression's targets) are
+      refused before the first step.
   """
 
   layout_fields: ClassVar[Optional[Tuple[str, ...]]] = None

@@ -1,6 +1,7 @@
 """What a run says as it starts (where it is, on what, and what it ignores) and
 as it ends (what it reached, where it is, how to look further)."""
 
+import math
 import os
 
 from trainer.outputs.progress import format_metrics
@@ -101,6 +102,11 @@ def closing_lines(data: dict, *, model_dir: str, best_metric: str) -> list:
     at = (data.get(split) or {}).get("step")
     if split == "eval" and at is not None and at != data["global_step"]:
       line += f" (evaluated at step {at})"  # E.g. interrupted after it.
+  not_numbers = [k for k, v in measured.items()
+                 if isinstance(v, float) and not math.isfinite(v)]
+  if not_numbers:
+    line += (f" ({', '.join(not_numbers)} {'was' if len(not_numbers) == 1 else 'were'}"
+             " not a number: null in results.json)")
   best, name = data.get("best_eval"), best_metric.split("/", 1)[-1]
   if best and name in best and best.get("step") != data["global_step"]:
     line += f" (best {name} {best[name]:.4f} at step {best['step']})"

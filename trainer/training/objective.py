@@ -4,9 +4,10 @@ The per-example loss (`Task.loss`, a function or a `keras.losses.Loss`), weighte
 by each example's sample weight and, in training, its class weight
 (`Task.class_weight`); the task's per-example metrics as weighted sums; and its
 streaming Keras metrics (`Task.build_metrics`), updated on each replica with the
-weights and merged exactly across replicas and workers when read, since every
-one of their variables is a sum (a metric whose state is not is refused before
-the first step).
+weights and merged across replicas and workers when read, each variable by its
+declared aggregation (sum, mean or only_first_replica); a metric whose state that
+does not merge exactly (a running maximum declared "sum") is refused before the
+first step.
 """
 
 import inspect
@@ -16,9 +17,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.errors import TaskError, user_code
+from trainer.autograph import graph_code
+from trainer.errors import ConfigError, TaskError, user_code
 from trainer.tasks.base import METRIC_NAME
-from trainer.training.steps import graph_code
+from trainer.training import user_ops
 
 
 @tf.autograph.experimental.do_not_convert
@@ -49,7 +51,13 @@ class Objective:
     # The loops are traced without AutoGraph; the task's code is converted.
     self._loss, self._metrics = graph_code(loss), graph_code(task.metrics)
     # Task.preprocess as the gathered input calls it inside the loops.
-    self.preprocess = graph_code(task.preprocess)
+    preprocess = graph_code(task.preprocess)
+
+    def scoped_preprocess(features):
+      with user_ops.scope("preprocess"):
+        return preprocess(features)
+
+    self.preprocess = scoped_preprocess
     self.streaming = streaming
     self._updates = [(graph_code(metric.update_state), key)
                      for metric, key in streaming.values()]
@@ -57,8 +65,11 @@ class Objective:
                      for name, (metric, _) in streaming.items()}
     # The streaming metrics with one value (not a matrix): set by the probe.
     self.scalar_streaming = ()
+    self.class_weight_source = ("Task.class_weight" if class_weight is None
+                                else "--class_weight")
     self._class_weight = class_weight_table(
-        task.class_weight if class_weight is None else class_weight)
+        task.class_weight if class_weight is None else class_weight,
+        source=self.class_weight_source)
     parameters = inspect.signature(task.finalize_metrics).parameters
     self._finalize_takes = {
         name for name in ("sums", "examples")
@@ -67,29 +78,52 @@ class Objective:
 
   def per_example_loss(self, labels, outputs):
     """The task's loss of each example, unweighted."""
-    return per_example(self._loss(labels, outputs))
+    with user_ops.scope("loss"):
+      return per_example(self._loss(labels, outputs))
 
   def loss(self, labels, outputs, weights, *, training: bool):
     """Per-example losses times their weights (and, in training, their class's)."""
     values = self.per_example_loss(labels, outputs) * weights
     if training and self._class_weight is not None:
-      table = self._class_weight
-      ids = _class_ids(labels)
-      size = tf.shape(table, out_type=ids.dtype)[0]
-      values *= tf.where(ids < size, tf.gather(table, tf.minimum(ids, size - 1)),
-                         1.0)
+      values *= _class_weights(self._class_weight, _class_ids(labels))
     return values
+
+  def check_class_labels(self, labels):
+    """Refuses class weights on labels that are not class ids (checked on a
+    probe batch): integers >= 0, one-hot rows, or soft binary labels in [0, 1].
+
+    Raises:
+      ConfigError: naming where the class weights came from and the labels.
+    """
+    if self._class_weight is None:
+      return
+    labels = np.asarray(tf.nest.flatten(labels)[0])
+    if labels.ndim > 1 and labels.shape[-1] != 1:
+      return  # One-hot (or soft) rows: the argmax is the class.
+    values = labels.astype(np.float64).ravel()
+    soft = values != np.round(values)
+    if (values.size and (values.min() < 0 or
+                         (soft.any() and values[soft].max() > 1.0))):
+      raise ConfigError(
+          f"{self.class_weight_source}: class weights need class labels (integers "
+          ">= 0, one-hot rows, or soft binary labels in [0, 1]), but "
+          f"Task.train_data()'s labels include {_odd_label(values, soft)}; weigh "
+          "examples with sample weights instead (a third array or element)")
 
   def metric_sums(self, labels, outputs, weights) -> dict:
     """{name: weighted sum} of the task's per-example metrics."""
+    with user_ops.scope("metrics"):
+      metrics = self._metrics(labels, outputs)
     return {name: tf.reduce_sum(per_example(values) * weights)
-            for name, values in self._metrics(labels, outputs).items()}
+            for name, values in metrics.items()}
 
   def update_streaming(self, labels, outputs, weights):
     """Updates every streaming metric with this replica's batch (call in a replica
     context)."""
-    for update, key in self._updates:
-      update(labels, outputs if key is None else outputs[key], sample_weight=weights)
+    for name, (update, key) in zip(self.streaming, self._updates):
+      with user_ops.scope("metric", name):
+        update(labels, outputs if key is None else outputs[key],
+               sample_weight=weights)
 
   @tf.autograph.experimental.do_not_convert
   def reset_streaming(self):
@@ -133,33 +167,54 @@ def plain(value):
   return float(array.ravel()[0]) if array.size == 1 else array.tolist()
 
 
-def class_weight_table(class_weight):
-  """{class id: weight} as a float32 lookup table (1.0 where unset), or None.
+def class_weight_table(class_weight, *, source: str = "Task.class_weight"):
+  """{class id: weight} as (class ids, weights) constants, or None. Classes not
+  named weigh 1; no table as large as the largest id is built.
 
   Raises:
-    TaskError: not a dict of int >= 0 to finite numbers.
+    TaskError: not a dict of int >= 0 to finite numbers >= 0, as --class_weight.
   """
   if not class_weight:
     return None
   if not isinstance(class_weight, dict) or not all(
       isinstance(k, (int, np.integer)) and k >= 0 and
-      isinstance(v, (int, float, np.number)) and math.isfinite(v)
+      isinstance(v, (int, float, np.number)) and math.isfinite(v) and v >= 0
       for k, v in class_weight.items()):
-    raise TaskError(f"class_weight must be a dict of class ids (int >= 0) to "
-                    f"finite weights, got {class_weight!r}")
-  table = [1.0] * (int(max(class_weight)) + 1)
-  for label, weight in class_weight.items():
-    table[int(label)] = float(weight)
-  return tf.constant(table, tf.float32)
+    raise TaskError(f"{source} must be a dict of class ids (int >= 0) to finite "
+                    f"weights >= 0, got {class_weight!r}"[:300])
+  ids = sorted(class_weight)
+  return (tf.constant(ids, tf.int64),
+          tf.constant([float(class_weight[i]) for i in ids], tf.float32))
+
+
+@tf.autograph.experimental.do_not_convert
+def _class_weights(table, ids):
+  """Each example's class weight: its class's, 1 where the class is not named."""
+  class_ids, weights = table
+  matches = tf.equal(tf.cast(ids, tf.int64)[:, None], class_ids[None, :])
+  named = tf.reduce_any(matches, axis=1)
+  return tf.where(named, tf.reduce_sum(tf.cast(matches, tf.float32) * weights,
+                                       axis=1), 1.0)
 
 
 @tf.autograph.experimental.do_not_convert
 def _class_ids(labels):
-  """Class ids of a batch of labels: ints ([batch] or [batch, 1]) or one-hot."""
-  labels = tf.convert_to_tensor(labels)
+  """Class ids of a batch of labels, as Keras fit takes them for class weights:
+  one column (ints, or floats rounded: a soft label of 0.9 is class 1), or the
+  argmax of one-hot (or soft) rows."""
+  labels = tf.convert_to_tensor(tf.nest.flatten(labels)[0])
   if labels.shape.rank and labels.shape.rank > 1 and labels.shape[-1] != 1:
-    return tf.argmax(labels, axis=-1, output_type=tf.int32)
-  return tf.cast(tf.reshape(labels, [-1]), tf.int32)
+    return tf.argmax(labels, axis=-1, output_type=tf.int64)
+  labels = tf.reshape(labels, [-1])
+  if labels.dtype.is_floating:
+    labels = tf.round(labels)
+  return tf.cast(labels, tf.int64)
+
+
+def _odd_label(values, soft) -> str:
+  """The first label that is no class id, for the error."""
+  bad = values[(values < 0) | (soft & (values > 1.0))]
+  return f"{bad[0]:g}" if bad.size else f"{values[0]:g}"
 
 
 def streaming_metrics(task, *, reserved) -> dict:
@@ -191,19 +246,86 @@ def streaming_metrics(task, *, reserved) -> dict:
   return metrics
 
 
-def check_mergeable(streaming: dict):
-  """Refuses a streaming metric with state that summing over replicas would not
-  merge (a variable whose aggregation is not "sum"). Call once its variables
-  exist (after an update).
+# How Keras merges a metric variable's replica copies when it is read, by its
+# declared aggregation; "none" cannot be read across replicas at all.
+_MERGES = {"sum": lambda states: np.sum(states, axis=0),
+           "mean": lambda states: np.mean(states, axis=0),
+           "only_first_replica": lambda states: states[0]}
+
+
+def check_merge(streaming: dict, labels, outputs, weights, *, parts: int = 2):
+  """Refuses a streaming metric whose state its variables' declared aggregation
+  does not merge exactly over replicas (a running maximum declared "sum", Keras's
+  default): the batch split in `parts`, each part on its own replica and the
+  states merged as the replicas' copies are, must give what one device gives
+  updated with the parts one after the other. Call on a probe batch; the metrics
+  are reset after.
 
   Raises:
-    TaskError: naming the metric and the variable.
+    TaskError: naming the metric, its variables' aggregation and the two results.
   """
-  for name, (metric, _) in streaming.items():
-    for variable in metric.variables:
-      aggregation = str(getattr(variable, "aggregation", "sum")).lower()
-      if "sum" not in aggregation:
-        raise TaskError(
-            f"Task.build_metrics()[{name!r}]: its state {variable.path} is merged "
-            f"by {aggregation!r}, not summed, so it cannot be merged exactly over "
-            "replicas and workers; use a metric whose variables are sums")
+  batch = int(tf.shape(weights)[0])
+  if batch < parts:
+    return
+  bounds = np.linspace(0, batch, parts + 1).astype(int)
+  for name, (metric, key) in streaming.items():
+    _check_metric_merge(name, metric, labels, outputs if key is None else
+                        outputs[key], weights, bounds)
+
+
+def _check_metric_merge(name, metric, labels, predicted, weights, bounds):
+  """check_merge of one metric, on the batch's parts between `bounds`."""
+  def update(start, stop, *, reset=True):
+    part = lambda t: t[start:stop]  # noqa: E731
+    if reset:
+      metric.reset_state()
+    with user_code(f"Task.build_metrics()[{name!r}] (update_state)"):
+      metric.update_state(tf.nest.map_structure(part, labels),
+                          tf.nest.map_structure(part, predicted),
+                          sample_weight=weights[start:stop])
+
+  def result():
+    with user_code(f"Task.build_metrics()[{name!r}] (result)"):
+      return [np.asarray(v, np.float64) for v in tf.nest.flatten(metric.result())]
+
+  states = []
+  for start, stop in zip(bounds[:-1], bounds[1:]):
+    update(start, stop)
+    states.append([np.asarray(v.numpy()) for v in metric.variables])
+  aggregations = [str(getattr(v, "aggregation", "sum")).lower()
+                  for v in metric.variables]
+  unmergeable = [v.path for v, a in zip(metric.variables, aggregations)
+                 if a not in _MERGES]
+  if unmergeable:
+    raise TaskError(
+        f"Task.build_metrics()[{name!r}]: its state {unmergeable[0]} has "
+        "aggregation 'none', so its replicas' copies cannot be merged; declare "
+        "how (add_variable(..., aggregation='sum', 'mean' or 'only_first_replica'))")
+  for variable, aggregation, values in zip(metric.variables, aggregations,
+                                           zip(*states)):
+    variable.assign(_MERGES[aggregation](np.stack(values)))
+  merged = result()
+  metric.reset_state()
+  for start, stop in zip(bounds[:-1], bounds[1:]):
+    update(start, stop, reset=False)  # One device, batch after batch.
+  single = result()
+  metric.reset_state()
+  if all(np.allclose(m, s, rtol=1e-4, atol=1e-6, equal_nan=True)
+         for m, s in zip(merged, single)):
+    return
+  raise TaskError(
+      f"Task.build_metrics()[{name!r}]: its state does not merge over replicas by "
+      f"its variables' declared aggregation ({', '.join(sorted(set(aggregations)))}"
+      f"): on {int(bounds[-1])} training examples it gives {_short(merged)} split "
+      f"over {len(bounds) - 1} replicas but {_short(single)} on one device, so an "
+      "evaluation on several replicas or workers would report a wrong value. A "
+      "state such as a running maximum cannot be declared to Keras (its "
+      "aggregations are sum, mean and only_first_replica): keep sums in the "
+      "metric (e.g. counts of a histogram) and compute the rest in "
+      "Task.finalize_metrics")
+
+
+def _short(values: list) -> str:
+  flat = np.concatenate([np.ravel(v) for v in values]) if values else np.array([])
+  shown = ", ".join(f"{v:.4g}" for v in flat[:4])
+  return shown + (", ..." if flat.size > 4 else "")

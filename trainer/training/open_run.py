@@ -12,10 +12,11 @@ import os
 from typing import Optional
 
 import keras
+import tensorflow as tf
 
 from trainer import config as config_lib
 from trainer.config import DistributeConfig
-from trainer.errors import ConfigError, ModelDirError
+from trainer.errors import ConfigError, ModelDirError, one_line
 from trainer.outputs import run_dir
 from trainer.tasks import Task
 from trainer.training import checkpoint_files, probe, setup
@@ -131,7 +132,12 @@ def load(model_dir: str, *, best: bool = False) -> tuple:
     if path is None:
       raise ModelDirError(f"{model_dir}: no best checkpoint (it is kept by "
                           "--mode=train_and_eval runs)")
-    trainer.read_weights(path)
+    try:
+      trainer.read_weights(path)
+    except (tf.errors.OpError, ValueError) as e:  # A damaged file, not a bug.
+      raise ModelDirError(f"{path}: the best checkpoint cannot be read "
+                          f"({one_line(e)}); load the latest (best=False), or "
+                          "rerun the evaluations") from None
   trainer.use_evaluated_weights()
   return built.task, _outside_the_strategy(built)
 

@@ -23,7 +23,7 @@ _LEDGER_COLUMN = re.compile(r"^replica_\d+$")
 
 
 def model_and_objective(task: Task, train_data: TaskData, size: int, *,
-                        class_weight=None) -> tuple:
+                        class_weight=None, replicas: int = 1) -> tuple:
   """Builds the task's model and streaming metrics (call inside the strategy's
   scope) and runs them, the loss and the metrics once on the first `size`
   training examples: a subclassed model's weights and a lazily built metric's
@@ -34,6 +34,8 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
     train_data: its training data.
     size: how many examples to probe with.
     class_weight: --class_weight ({class id: weight}), or None: the task's.
+    replicas: the replicas in sync (the streaming metrics' merge is checked on
+      more than one).
 
   Returns:
     (the model, its Objective, the names of the task's per-example metrics, the
@@ -44,7 +46,7 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
   Raises:
     TaskError: build_model's result is not a Keras model; the loss or a metric
       is not one value per example; a metric name cannot be a tag; a streaming
-      metric cannot be merged over replicas.
+      metric's state does not merge over replicas.
   """
   features, labels, weights = weighted(*train_data.first(size), batched=True)
   model, outputs = built_model(task, features)
@@ -54,6 +56,7 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
   streaming = objectives.streaming_metrics(task, reserved=(*RESERVED, *metrics))
   objective = objectives.Objective(task, streaming=streaming,
                                    class_weight=class_weight)
+  objective.check_class_labels(labels)
   with user_code("Task.loss"):
     loss = objective.per_example_loss(labels, outputs)
   for name, values in {"loss": loss, **metrics}.items():
@@ -62,7 +65,8 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
 
   with user_code("Task.build_metrics' metrics (update_state)"):
     objective.update_streaming(labels, outputs, weights)
-  objectives.check_mergeable(streaming)
+  if replicas > 1:
+    objectives.check_merge(streaming, labels, outputs, weights)
   sums = {name: float(value) for name, value in
           objective.metric_sums(labels, outputs, weights).items()}
   weight, loss_sum = float(tf.reduce_sum(weights)), float(tf.reduce_sum(loss))

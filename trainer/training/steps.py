@@ -5,7 +5,7 @@ stop vote. The train loop is train_loop.py.
 The loops are graph code as written (`tf.while_loop`, `tf.cond`) and are traced
 without AutoGraph: converting the framework's functions cost 0.9 s of the first
 loop call's tracing on the quickstart. A task's own functions are still converted,
-as in any tf.function: the loops call them through `graph_code`. Helpers that
+as in any tf.function: the loops call them through `autograph.graph_code`. Helpers that
 tf.data's map functions call are marked `do_not_convert`, for the same reason.
 """
 
@@ -15,8 +15,8 @@ import re
 import keras
 import tensorflow as tf
 
-from trainer.errors import ReplicaBatchError
-from trainer.training import graph_passes
+from trainer.errors import ReplicaBatchError, UserCodeError
+from trainer.training import graph_passes, user_ops
 
 _BATCH_CHECK = "per-replica batch check failed"
 _SUM = tf.distribute.ReduceOp.SUM
@@ -32,18 +32,6 @@ def check_batch(features, per_replica_batch_size):
       [f"{_BATCH_CHECK}: expected {per_replica_batch_size} examples;", "replica",
        replica_id, "got", batch_size])
   return batch_size
-
-
-def graph_code(function):
-  """`function` (a task's, or a Keras object's method) as a tf.function with
-  AutoGraph would call it: converted when called, so that a task's Python
-  `if`/`for` on tensors works inside the framework's loops, which are traced
-  without AutoGraph. Keras's and TensorFlow's own code is not converted, nor the
-  built-in tasks' (graph code as written: converting them cost 60 ms of start-up)."""
-  if getattr(function, "__module__", "").startswith(__name__.split(".")[0] + "."):
-    return function
-  return tf.__internal__.autograph.tf_convert(
-      function, tf.__internal__.autograph.control_status_ctx())
 
 
 def replica_batch_error(error: tf.errors.InvalidArgumentError):
@@ -64,9 +52,10 @@ def replica_batch_error(error: tf.errors.InvalidArgumentError):
 def call_checked(loop, *args, lean_graph_passes=False, explain_input_error=None):
   """Calls a train or eval loop, compiled with graph_passes' lean passes where
   `lean_graph_passes` (Trainer.lean_graph_passes); its in-graph batch assertion
-  becomes a ReplicaBatchError naming the replica, and an error
+  becomes a ReplicaBatchError naming the replica, an error
   `explain_input_error(error)` explains (a bad record: a DataError) becomes that
-  error; others pass through."""
+  error, and an op of the user's code that fails (user_ops) a UserCodeError
+  naming the method; others pass through."""
   try:
     with graph_passes.applied(lean_graph_passes):
       return loop(*args)
@@ -76,8 +65,19 @@ def call_checked(loop, *args, lean_graph_passes=False, explain_input_error=None)
     if error is None and explain_input_error is not None:
       error = explain_input_error(e)
     if error is None:
+      _raise_if_user_code(e)
       raise
     raise error from None
+  except tf.errors.OpError as e:
+    _raise_if_user_code(e)
+    raise
+
+
+def _raise_if_user_code(error: tf.errors.OpError):
+  """Raises a UserCodeError naming the user's method whose op raised `error`."""
+  method = user_ops.blame(error)
+  if method is not None:
+    raise UserCodeError(method, error) from error
 
 
 @tf.autograph.experimental.do_not_convert
@@ -118,7 +118,8 @@ def make_eval_loop(*, strategy, objective, model, ledger, totals,
 
   def replica_step(features, labels, weights, padding):
     ledger.record(check_batch(features, per_replica_batch_size))
-    outputs = float32_outputs(model(features, training=False))
+    with user_ops.scope("model", type(model).__name__):
+      outputs = float32_outputs(model(features, training=False))
     weights = weights * padding
     objective.update_streaming(labels, outputs, weights)
     sums = objective.metric_sums(labels, outputs, weights)

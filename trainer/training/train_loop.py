@@ -17,7 +17,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from trainer.training import profile, replica_layers
+from trainer.training import profile, replica_layers, user_ops
 from trainer.training.objective import Objective
 from trainer.training.steps import check_batch, float32_outputs, loss_scale
 
@@ -164,7 +164,8 @@ class TrainLoop:
     self.forward_backward = (tf.function(self._forward_backward_fn,
                                          jit_compile=True, autograph=False)
                              if jit_compile else self._forward_backward_fn)
-    # Graph code as written, traced without AutoGraph (steps.graph_code says why).
+    # Graph code as written, traced without AutoGraph (autograph.graph_code says
+    # why).
     # The profile finds the loop's calls by this name (profile.LOOP_FUNCTION).
     self.loop = tf.function(self.train_loop, autograph=False)
     self.diagnose = tf.function(self._diagnose, autograph=False)
@@ -172,7 +173,8 @@ class TrainLoop:
   def _forward_backward_fn(self, features, labels, weights):
     model, objective, rule = self._model, self._objective, self._rule
     with tf.GradientTape() as tape:
-      outputs = float32_outputs(model(features, training=True))
+      with user_ops.scope("model", type(model).__name__):
+        outputs = float32_outputs(model(features, training=True))
       # Keras' sum_over_batch_size: the weighted losses' sum over the examples.
       loss = tf.nn.compute_average_loss(
           objective.loss(labels, outputs, weights, training=True),

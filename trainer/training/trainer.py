@@ -133,7 +133,8 @@ class Trainer:
       keras.utils.set_random_seed(seed)
       model, objective, metric_names, reported = probe.model_and_objective(
           task, train_data, min(per_replica_batch_size, 8),
-          class_weight=optimization.class_weights)
+          class_weight=optimization.class_weights,
+          replicas=strategy.num_replicas_in_sync)
       with user_code("Task.build_optimizer"):
         own = task.build_optimizer()
       optimizer = optimizers.build_optimizer(optimization, own)
