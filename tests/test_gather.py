@@ -74,7 +74,7 @@ def test_an_eval_split_is_gathered_as_the_padded_distributed_dataset_gives_it():
   assert [p.numpy().tolist() for p in padding] == [[1, 1, 0, 0], [0, 0, 0, 0]]
 
 
-def test_a_dataset_is_held_in_memory_only_where_a_second_read_gives_the_same():
+def test_a_dataset_is_held_in_memory_only_where_a_second_read_gives_its_elements():
   x = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
   plain = tf.data.Dataset.from_tensor_slices((x, np.arange(40)))
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -83,7 +83,10 @@ def test_a_dataset_is_held_in_memory_only_where_a_second_read_gives_the_same():
   for name, dataset in {
       "plain": plain,
       "mapped": plain.map(lambda f, y: (f * 2.0, y)),
+      # Its elements in another order: held, in the framework's order.
       "shuffled": plain.shuffle(10),
+      # A shuffled part: other elements.
+      "shuffled_part": plain.shuffle(10).take(20),
       "random": plain.map(lambda f, y: (f + tf.random.uniform([3]), y)),
       "generator": tf.data.Dataset.from_generator(
           lambda: iter(zip(x, range(40))),
@@ -94,8 +97,9 @@ def test_a_dataset_is_held_in_memory_only_where_a_second_read_gives_the_same():
     held[name] = stream.gather_input(strategy, Cluster(num_replicas=2), order,
                                      per_replica_batch_size=4,
                                      preprocess=lambda f: f) is not None
-  assert held == {"plain": True, "mapped": True, "shuffled": False, "random": False,
-                  "generator": False, "endless": False}
+  assert held == {"plain": True, "mapped": True, "shuffled": True,
+                  "shuffled_part": False, "random": False, "generator": False,
+                  "endless": False}
   # Held, each replica gathers what the distributed dataset gives it, at any step.
   stream = data.StreamData(plain.map(lambda f, y: (f * 2.0, y)))
   gather = stream.gather_input(strategy, Cluster(num_replicas=2), order,

@@ -84,12 +84,16 @@ def test_tensorflow_work_before_the_devices_names_the_task(model_dir):
   assert not os.path.exists(model_dir)
 
 
-def test_a_batched_dataset_is_one_line(model_dir):
-  process = run_cli("--task=user_tasks:BatchedSeries", f"--model_dir={model_dir}",
+def test_a_batched_dataset_trains_on_its_examples(model_dir):
+  """A Keras user's windows as they had them, batched by 32: unbatched and
+  batched again to the per-replica batch, said once (it was refused)."""
+  process = run_cli("--task=user_tasks:BatchedSeries", "--train_steps=20",
+                    "--per_replica_batch_size=8", f"--model_dir={model_dir}",
                     python_path=TESTS)
-  one_line_error(process, "Task.train_data(): the dataset yields batches")
-  assert "batch_size=None" in process.stderr
-  assert not os.path.exists(model_dir)
+  assert process.returncode == 0, process.stderr[-2000:]
+  assert ("Task.train_data(): the dataset yields batches; the framework unbatches "
+          "them and batches the examples again") in process.stdout
+  assert read_results(model_dir)["replica_examples"] == {"replica_0": 160}
 
 
 def test_the_export_takes_the_models_input_shape_where_the_data_has_none(model_dir):
@@ -102,3 +106,39 @@ def test_the_export_takes_the_models_input_shape_where_the_data_has_none(model_d
        "print(s.structured_input_signature[1]['inputs'].shape)"],
       env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
   assert served.stdout.strip() == "(None, 12, 3)", served.stderr
+
+
+def test_preprocess_runs_once_over_arrays_bit_exactly_and_the_export_takes_raw_text(
+    tmp_path):
+  """--preprocess_once (the default) vectorizes the string arrays once, before
+  training, and the replicas gather the token ids: the same weights, bit for
+  bit, as vectorizing every batch; the export still takes the raw strings."""
+  import numpy as np
+  import tensorflow as tf
+
+  import trainer
+  import user_tasks
+  from trainer.data.preprocessed import PreprocessedArrays
+  from trainer.training import setup
+  flags = [*TEXT, "--task=user_tasks:TextArrays", "--mode=train", "--deterministic"]
+  once, per_batch = str(tmp_path / "once"), str(tmp_path / "per_batch")
+  assert run_cli(*flags, f"--model_dir={once}", python_path=TESTS).returncode == 0
+  assert run_cli(*flags, "--preprocess_once=false", f"--model_dir={per_batch}",
+                 python_path=TESTS).returncode == 0
+  assert_bit_identical(once, per_batch)
+  config, task = setup.resolve_task(trainer.Config(
+      task="user_tasks:TextArrays", cpu_devices=2, model_dir=str(tmp_path / "b")))
+  built = setup.build(config, task)
+  assert isinstance(built.train_data, PreprocessedArrays)
+  assert built.train_data.features["tokens"].dtype == np.int64  # Gathered ids.
+  assert built.train_data.feature_spec["text"].dtype == tf.string  # As stored.
+  features, _ = user_tasks.TextArrays()._arrays(5, seed=7)
+  loaded = tf.saved_model.load(os.path.join(once, "export"))
+  served = loaded.serve(
+      {"text": tf.constant(features["text"].astype(str)),
+       "length": tf.constant(features["length"])})
+  task, model = trainer.load(once)
+  expected = model(task.preprocess({k: tf.constant(v.astype(str) if k == "text"
+                                                   else v)
+                                    for k, v in features.items()}))
+  np.testing.assert_allclose(served["outputs"], expected, atol=1e-6)

@@ -157,6 +157,12 @@ class InputConfig:
   shuffle_buffer: int = field(10000, "Shuffle buffer of streamed data (a task's "
                               "tf.data.Dataset or pipeline function, TFRecord files).",
                               lower=1)
+  preprocess_once: bool = field(
+      True, "Run Task.preprocess (per-example, without random work) once over "
+      "data held in memory, before training, instead of on every batch (a "
+      "TextVectorization of string arrays: its token ids are then gathered "
+      "in-graph); the export still applies it to raw inputs. Output over 1 GiB, "
+      "or a preprocess that draws random numbers, runs per batch.")
   array_input: str = field(
       "gather", "How data held in memory reaches the replicas: gather (each "
       "replica gathers its batch in-graph from a copy of the arrays on its device, "

@@ -7,7 +7,7 @@ rest of the framework uses.
 
 import tensorflow as tf
 
-from trainer.data import records
+from trainer.data import preprocessed, records
 from trainer.data.arrays import ArrayData, check_arrays, example_indices
 from trainer.data.gather import GatherInput
 from trainer.data.base import Order, TaskData
@@ -40,4 +40,4 @@ def as_task_data(value, *, what: str, finite: bool = False) -> TaskData:
 
 __all__ = ["ArrayData", "GatherInput", "INDEX_FILE", "Order", "PipelineData",
            "StreamData", "TFRecords", "TaskData", "as_task_data", "example_indices",
-           "read_index_file", "write_index"]
+           "preprocessed", "read_index_file", "write_index"]

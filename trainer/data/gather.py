@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 ID_CHUNK = 256  # Micro-steps of ids per host get_next (StreamedIdsGather).
+_CHUNKS_AHEAD = 16
 MAX_GATHER_BYTES = 2**30  # Larger data keeps the tf.data path (a copy per device).
 
 
@@ -196,7 +197,9 @@ class _IdReader:
   time (one eager get_next per chunk)."""
 
   def __init__(self, dataset: tf.data.Dataset):
-    self._chunks = iter(dataset.batch(ID_CHUNK).prefetch(1))
+    # Up to a long loop call ahead (16 x 256 micro-steps): tf.data makes them in
+    # its own threads while the previous call trains, not when this one starts.
+    self._chunks = iter(dataset.batch(ID_CHUNK).prefetch(_CHUNKS_AHEAD))
     self._pending = None
 
   def take(self, micro_steps: int) -> np.ndarray:

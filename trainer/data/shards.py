@@ -137,9 +137,14 @@ class Shard:
   def _block(self, sources, block_seed, *, shuffle: bool, buffer: int, read):
     """One block's records (`read` of each of its `sources`): interleaved,
     sharded, shuffled."""
-    dataset = tf.data.Dataset.from_tensor_slices(sources).interleave(
-        read, cycle_length=self.block_size, block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if read is _id_range:
+      # The ids the interleave below would give, computed at once: element by
+      # element, tf.data made them at a fifth of the speed training read them.
+      dataset = tf.data.Dataset.from_tensor_slices(_interleaved_ids(sources))
+    else:
+      dataset = tf.data.Dataset.from_tensor_slices(sources).interleave(
+          read, cycle_length=self.block_size, block_length=1,
+          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if self.record_level:
       dataset = dataset.shard(self.num_pipelines, self.pipeline_id)
     if shuffle:
@@ -185,6 +190,17 @@ class Shard:
     """Every serialized record of this pipeline once, in file order."""
     return self._block([self.paths[i] for i in self.files], None, shuffle=False,
                        buffer=1, read=tf.data.TFRecordDataset)
+
+
+def _interleaved_ids(spans):
+  """The ids of files' records ([start, end) per file, `spans`) in the order an
+  interleave with one record per file per turn reads them (cycle_length: every
+  file): record 0 of each file, then record 1 of each that has one, ..."""
+  spans = tf.convert_to_tensor(spans, tf.int64)
+  starts, counts = spans[:, 0], spans[:, 1] - spans[:, 0]
+  turn = tf.range(tf.reduce_max(counts))[:, None]  # [turns, 1]
+  kept = tf.reshape(turn < counts[None, :], [-1])
+  return tf.boolean_mask(tf.reshape(starts[None, :] + turn, [-1]), kept)
 
 
 def _id_range(span):

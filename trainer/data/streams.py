@@ -32,13 +32,33 @@ from trainer.errors import DataError
 OFF = tf.data.experimental.AutoShardPolicy.OFF
 
 
+# The most a stream's shuffle buffer holds: --shuffle_buffer's default of 10,000
+# decoded 180x180 images would be 3.9 GB.
+MAX_SHUFFLE_BYTES = 256 * 2**20
+
+
+def shuffle_buffer(element_spec, buffer: int) -> int:
+  """`buffer` elements of `element_spec`, or fewer where they would take more
+  than MAX_SHUFFLE_BYTES (elements of unknown size: `buffer`)."""
+  specs = tf.nest.flatten(element_spec)
+  if any(s.dtype == tf.string or not s.shape.is_fully_defined() for s in specs):
+    return buffer
+  size = max(1, sum(s.shape.num_elements() * s.dtype.size for s in specs))
+  return max(1, min(buffer, MAX_SHUFFLE_BYTES // size))
+
+
 def stream_batches(dataset: tf.data.Dataset, order: base.Order, *, shuffle_seed: int,
-                   batch_size: int, position: int) -> tf.data.Dataset:
-  """The endless batches of a stream of examples, from example `position` on."""
+                   batch_size: int, position: int,
+                   buffer: Optional[int] = None) -> tf.data.Dataset:
+  """The endless batches of a stream of examples, from example `position` on:
+  repeated, then shuffled with a seeded buffer of `buffer` elements (default
+  --shuffle_buffer's), then batched. The buffer fills once, at the start: a
+  shuffle before the repeat refills it at every epoch, and training waits while
+  it reads that many elements (decoding images, say) before the epoch's first."""
+  dataset = dataset.repeat()
   if order.shuffle:
-    dataset = dataset.shuffle(order.buffer, seed=shuffle_seed,
-                              reshuffle_each_iteration=True)
-  return dataset.repeat().skip(position).batch(batch_size, drop_remainder=True)
+    dataset = dataset.shuffle(buffer or order.buffer, seed=shuffle_seed)
+  return dataset.skip(position).batch(batch_size, drop_remainder=True)
 
 
 def pipeline_seed(order: base.Order, pipeline_id: int) -> int:
@@ -156,6 +176,7 @@ class StreamData(base.TaskData):
   dataset: tf.data.Dataset
   num_examples: Optional[int] = None
   what: str = "the dataset"
+  note: Optional[str] = None
 
   @property
   def element_spec(self):
@@ -171,7 +192,8 @@ class StreamData(base.TaskData):
   def _batches(self, order: base.Order, *, start_step: int) -> tf.data.Dataset:
     return stream_batches(self.dataset, order, shuffle_seed=order.seed,
                           batch_size=order.global_batch_size,
-                          position=start_step * order.global_batch_size)
+                          position=start_step * order.global_batch_size,
+                          buffer=shuffle_buffer(self.element_spec, order.buffer))
 
   def train_input(self, strategy, cluster, order, *, start_step, preprocess):
     del cluster
@@ -201,11 +223,14 @@ class StreamData(base.TaskData):
     stream would give (`order`: the seeded shuffle of its indices; None: an eval
     split, in order); or None unless one pipeline reads it, its length is known,
     its elements fit (gather.fits_in_memory) and reading it again gives the same
-    elements (`varies_between_reads`)."""
+    elements (`read_variation`). A dataset that only reorders its elements (a
+    shuffle in its chain, as image_dataset_from_directory's) is held too: its
+    elements are decoded once, and the order is the framework's seeded one, not
+    its own shuffle's."""
     count = self.num_examples if order is None else int(self.dataset.cardinality())
     if (cluster.num_pipelines > 1 or count < 0 or
         not gather.fits_in_memory(self.element_spec, count) or
-        varies_between_reads(self.dataset)):
+        read_variation(self.dataset) == ELEMENTS):
       return None
     held = arrays.read_into_memory(self.dataset, what=self.what)
     if order is None:
@@ -218,7 +243,9 @@ class StreamData(base.TaskData):
       return stream_batches(
           tf.data.Dataset.range(count), order, shuffle_seed=order.seed,
           batch_size=order.global_batch_size,
-          position=start_step * order.global_batch_size).prefetch(tf.data.AUTOTUNE)
+          position=start_step * order.global_batch_size,
+          buffer=shuffle_buffer(self.element_spec, order.buffer)
+      ).prefetch(tf.data.AUTOTUNE)
 
     return gather.StreamedIdsGather(strategy=strategy, data=held,
                                     per_replica_batch_size=per_replica_batch_size,
@@ -232,29 +259,55 @@ class StreamData(base.TaskData):
 _VARYING_OPS = ("Random", "Shuffle", "PyFunc", "Generator")
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 _CHECKS = ("Assert", "Print", "PrintV2")
+# A shuffle of a dataset's elements: other orders, the same elements...
+_ORDER_ONLY = re.compile(r"^Shuffle(AndRepeat)?Dataset(V\d+)?$")
+# ...unless a part of them is taken after it.
+_PARTS = ("Take", "Skip", "Shard", "Sample", "Window", "Filter")
+ORDER, ELEMENTS = "order", "elements"
 
 
-def varies_between_reads(dataset: tf.data.Dataset) -> bool:
-  """Whether reading `dataset` again may give other elements: its graph has a
-  random or shuffling op, a stateful op (a variable, a random generator), or
-  runs Python (a generator, a py_function); also where the graph cannot be read
-  (over protobuf's 2 GiB: such data is not held in memory either)."""
+def dataset_ops(dataset: tf.data.Dataset) -> Optional[set]:
+  """The names of the ops of `dataset`'s graph and of its functions (the maps'),
+  or None where the graph cannot be read (over protobuf's 2 GiB)."""
   try:
     serialized = dataset._as_serialized_graph(  # noqa: SLF001 (no public way)
         external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
     graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
   except (tf.errors.OpError, ValueError, MemoryError):
-    return True
-  ops = {node.op for node in graph.node} | {
+    return None
+  return {node.op for node in graph.node} | {
       node.op for function in graph.library.function for node in function.node_def}
+
+
+def read_variation(dataset: tf.data.Dataset) -> Optional[str]:
+  """What reading `dataset` again may change: None (nothing), ORDER (its
+  elements come in another order: its only varying ops shuffle it, and no part
+  of it is taken), or ELEMENTS (other elements may come: a random or stateful op
+  (a variable, a random generator), Python (a generator, a py_function), or a
+  graph that cannot be read, over protobuf's 2 GiB: such data is not held in
+  memory either)."""
+  ops = dataset_ops(dataset)
+  if ops is None:
+    return ELEMENTS
+  varying = set()
   for op in ops:
     definition = op_def_registry.get(op)
     if any(word in op for word in _VARYING_OPS) or (
         definition is not None and definition.is_stateful and
         not _DATASET_OP.search(op) and not op.startswith("_") and
         op not in _CHECKS):
-      return True
-  return False
+      varying.add(op)
+  if not varying:
+    return None
+  if all(_ORDER_ONLY.match(op) for op in varying) and not any(
+      op.startswith(_PARTS) for op in ops):
+    return ORDER
+  return ELEMENTS
+
+
+def varies_between_reads(dataset: tf.data.Dataset) -> bool:
+  """Whether reading `dataset` again may give other elements or another order."""
+  return read_variation(dataset) is not None
 
 
 @dataclasses.dataclass
@@ -272,6 +325,7 @@ class PipelineData(PerPipeline):
   """
   build: Callable
   what: str = "the pipeline function"
+  note: Optional[str] = None
   _counts: dict = dataclasses.field(default_factory=dict)
 
   @property
@@ -294,21 +348,26 @@ class PipelineData(PerPipeline):
     return self._counts[key]
 
   def pipeline_batches(self, context, order, *, batch_size, position):
-    return stream_batches(self.build(context), order,
+    dataset = self.build(context)
+    return stream_batches(dataset, order,
                           shuffle_seed=pipeline_seed(order, context.input_pipeline_id),
-                          batch_size=batch_size, position=position)
+                          batch_size=batch_size, position=position,
+                          buffer=shuffle_buffer(dataset.element_spec, order.buffer))
 
   def pipeline_examples(self, context):
     return self.build(context)
 
 
-_BATCHING = ("BatchDataset", "PaddedBatchDataset", "ParallelBatchDataset",
-             "DenseToRaggedBatchDataset", "BucketBySequenceLengthDataset")
+# Batches whose examples unbatch() gives back as they were.
+_PLAIN_BATCHING = ("BatchDataset", "ParallelBatchDataset")
+_BATCHING = (*_PLAIN_BATCHING, "PaddedBatchDataset", "DenseToRaggedBatchDataset",
+             "BucketBySequenceLengthDataset")
 
 
-def is_batched(dataset: tf.data.Dataset) -> bool:
-  """Whether `dataset` batches its elements (a batch() not undone by unbatch()),
-  from the chain of datasets it was built from."""
+def batching(dataset: tf.data.Dataset) -> Optional[str]:
+  """How `dataset` batches its elements (the kind of its batch() dataset not
+  undone by unbatch()), from the chain of datasets it was built from; None where
+  it yields single examples."""
   pending = [dataset]
   while pending:
     current = pending.pop()
@@ -316,22 +375,47 @@ def is_batched(dataset: tf.data.Dataset) -> bool:
     if kind == "UnbatchDataset":
       continue
     if kind in _BATCHING:
-      return True
+      return kind
     # tf.data keeps the datasets a dataset was built from as these attributes.
     pending += [d for d in [getattr(current, "_input_dataset", None),
                             getattr(current, "_dataset_to_concatenate", None),
                             *getattr(current, "_datasets", ())]
                 if isinstance(d, tf.data.Dataset)]
-  return False
+  return None
+
+
+def as_examples(dataset: tf.data.Dataset, *, what: str, name: str = "the dataset"):
+  """(the examples of `dataset`, a note or None): a dataset that batches them
+  (a Keras user's `image_dataset_from_directory(batch_size=32)`, with
+  augmentation mapped over its batches) is unbatched, and the framework batches
+  its examples again into per-replica batches.
+
+  Raises:
+    DataError: it pads or ragged-batches them (their shapes differ from batch to
+      batch: unbatched, they could not be batched again).
+  """
+  kind = batching(dataset)
+  if kind is None:
+    return dataset, None
+  if kind not in _PLAIN_BATCHING:
+    raise DataError(
+        f"{what}: {name} yields padded or ragged batches ({kind}; elements "
+        f"{dataset.element_spec}), whose shapes differ from batch to batch: return "
+        "its examples with one shape, unbatched (e.g. padded or cropped to one "
+        "length), and the framework batches them")
+  return dataset.unbatch(), (
+      f"{what}: {name} yields batches; the framework unbatches them and batches "
+      "the examples again, one per-replica batch per replica per step")
 
 
 def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool,
                   name: str = "the dataset", kind: str = "a tf.data.Dataset"):
-  """Checks a task's dataset of (features, labels) elements.
+  """Checks a task's dataset of (features, labels) elements (unbatched: see
+  `as_examples`).
 
   Raises:
-    DataError: its elements are not pairs, it batches them, it has none, or
-      (`finite`: an eval split) it is infinite.
+    DataError: its elements are not pairs, it has none, or (`finite`: an eval
+      split) it is infinite.
   """
   spec = dataset.element_spec
   if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
@@ -342,11 +426,6 @@ def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool,
                              (spec[2].dtype.is_floating or spec[2].dtype.is_integer
                               or spec[2].dtype == tf.bool)):
     raise DataError(f"{what}: an element's weight must be one number, got {spec[2]}")
-  if is_batched(dataset):
-    raise DataError(
-        f"{what}: {name} yields batches (it calls batch(); elements {spec}), but "
-        "the framework batches the data itself: return it unbatched, e.g. "
-        "timeseries_dataset_from_array(..., batch_size=None) or dataset.unbatch()")
   if not any(True for _ in dataset.take(1)):
     raise DataError(f"{what}: {name} yields no elements")
   if finite and int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
@@ -355,13 +434,14 @@ def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool,
 
 def check_stream(value: tf.data.Dataset, *, what: str, finite: bool) -> StreamData:
   """A task's tf.data.Dataset as StreamData (an eval split counted now, once)."""
+  value, note = as_examples(value, what=what)
   check_dataset(value, what=what, finite=finite)
   if not finite:
-    return StreamData(value, what=what)
+    return StreamData(value, what=what, note=note)
   cardinality = int(value.cardinality())
   if cardinality < 0:  # Unknown: count it.
     cardinality = base.count_elements(value)
-  return StreamData(value, num_examples=cardinality, what=what)
+  return StreamData(value, num_examples=cardinality, what=what, note=note)
 
 
 def check_pipeline(build: Callable, *, what: str, finite: bool) -> PipelineData:
@@ -375,10 +455,17 @@ def check_pipeline(build: Callable, *, what: str, finite: bool) -> PipelineData:
   if not isinstance(dataset, tf.data.Dataset):
     raise DataError(f"{what}: the pipeline function must return a tf.data.Dataset, "
                     f"got {type(dataset).__name__}")
+  dataset, note = as_examples(dataset, what=what, name="the pipeline's dataset")
   check_dataset(dataset, what=what, finite=finite, name="the pipeline's dataset",
                 kind="the pipeline's dataset")
   spec = dataset.element_spec
   if finite and not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
     raise DataError(f"{what}: eval elements need known shapes (padding copies "
                     f"them), got {spec}")
-  return PipelineData(build, what=what)
+  if note:
+    built = build
+
+    def build(context):
+      return built(context).unbatch()
+
+  return PipelineData(build, what=what, note=note)

@@ -211,6 +211,10 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
   specs = _named_specs(signature)
   structured = isinstance(signature, dict)
 
+  # Converted here, outside the (unconverted) serving function's tracing.
+  preprocess, serving_outputs = (graph_code(task.preprocess),
+                                 graph_code(task.serving_outputs))
+
   def serve(*inputs):
     if structured and len(inputs) == 1 and isinstance(inputs[0], dict):
       features = inputs[0]  # serve({"age": ..., ...})
@@ -218,11 +222,11 @@ def export_saved_model(model, task, export_dir: str, *, feature_spec) -> str:
       features = tf.nest.pack_sequence_as(signature, list(inputs))
     features = _as_stored(features, stored)
     with _blamed("Task.preprocess"):
-      features = graph_code(task.preprocess)(features)
+      features = preprocess(features)
     with _blamed(f"the model's call ({type(model).__name__})"):
       outputs = model(features, training=False)
     with _blamed("Task.serving_outputs"):
-      return named_outputs(graph_code(task.serving_outputs)(outputs))
+      return named_outputs(serving_outputs(outputs))
 
   module = tf.Module()
   module.model = model

@@ -103,6 +103,8 @@ def build(config: Config, task: Task, *, read_only: bool = False,
         num_workers=cluster.num_workers, num_replicas=cluster.num_replicas,
         per_replica_batch_size=per_replica, global_batch_size=global_batch))
   train_data, eval_data = _task_data(task)
+  if config.preprocess_once and type(task).preprocess is not Task.preprocess:
+    train_data, eval_data = _preprocessed_once(task, train_data, eval_data, console)
   if config.mode is None:  # The default: evaluate where the task can.
     if eval_data is None and not loading:
       _refuse_evaluation_flags(config)
@@ -135,6 +137,21 @@ def build(config: Config, task: Task, *, read_only: bool = False,
   return Built(config=config, task=task, cluster=cluster, train_data=train_data,
                eval_data=eval_data, prepared=prepared, trainer=trainer,
                checkpoints=checkpoints, console=console)
+
+
+def _preprocessed_once(task: Task, train_data, eval_data, console) -> tuple:
+  """The splits held in memory with Task.preprocess applied once (--preprocess_once;
+  data.preprocessed says where it cannot be)."""
+  splits = []
+  for split, what in ((train_data, "Task.train_data()"),
+                      (eval_data, "Task.eval_data()")):
+    if split is not None:
+      with user_code("Task.preprocess"):
+        split, note = data.preprocessed.once(split, task.preprocess, what=what)
+      if note:
+        console.say(note)
+    splits.append(split)
+  return tuple(splits)
 
 
 def _refuse_evaluation_flags(config: Config):
