@@ -12,6 +12,13 @@
   startup     the quickstart's time to first step minus `import tensorflow` alone
   workers     2 worker processes x 1 replica (gRPC collectives on 127.0.0.1)
               against 1 process x 2 replicas, on the same global batch
+  programs    ported Keras programs against the originals (scripts/bench_programs.py):
+              keras-io's image classification from a folder of JPEGs, with
+              its augmentation in the dataset (the port per example, and on
+              the original's batched dataset) and in the model; and its text
+              classification, Task.preprocess run once and per batch
+  plain_records  a plain 1,200-step run (results.json's examples/s, 2 replicas,
+              digits, cnn) on TFRecord files against the same digits as arrays
   batchnorm   what synchronised BatchNormalization costs: the resnet with
               --task.batchnorm, its statistics over the global batch (the
               default) against each replica's (--sync_batchnorm=false), and the
@@ -38,13 +45,16 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = ("streams", "evaluation", "startup", "workers", "history", "batchnorm")
+SECTIONS = ("streams", "evaluation", "startup", "workers", "history", "batchnorm",
+            "programs", "plain_records")
 # (ratio name, target): the performance issue's.
 TARGETS = {"trainer / keras_fit_records": 1.3, "trainer_tfdata / keras_fit_tfdata": 1.3,
            "records / arrays": 0.9, "trainer_tfdata / arrays": 0.9,
            "eval / keras_evaluate": 1.2, "eval_mode / keras_evaluate": 1.2,
            "eval / train": 1.5, "startup_minus_import_s": 1.0,
-           "rows / no rows": 0.98}
+           "rows / no rows": 0.98, "records / arrays (plain run)": 0.9,
+           # Any variant of the programs against the original's Keras fit.
+           "* / keras_fit": 1.2}
 # The tf.data task with Keras's element-wise Adam (--fused_optimizer=false), as the
 # Keras peers update: shown, no target.
 UNFUSED = "trainer_tfdata (Keras's Adam ops)"
@@ -241,6 +251,87 @@ def batchnorm(run_variant, args) -> dict:
                                      speed["no BatchNorm"])}}
 
 
+def run_program(args, *, program, variant, **options) -> dict:
+  """One scripts/bench_programs.py process: its result (with "error" on failure)."""
+  command = [sys.executable, os.path.join(REPO, "scripts", "bench_programs.py"),
+             f"--program={program}", f"--variant={variant}",
+             *[f"--{name}={value}" for name, value in options.items()]]
+  process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                           timeout=args.timeout, check=False)
+  lines = [line for line in process.stdout.splitlines()
+           if line.startswith("BENCHMARK_RESULT ")]
+  if lines:
+    return json.loads(lines[-1].split(" ", 1)[1])
+  tail = (process.stderr.strip().splitlines() or ["no output"])[-1]
+  return {"error": f"exit {process.returncode}: {tail[:300]}"}
+
+
+def programs(args, scratch) -> list:
+  """The ported programs against the originals, each group in rounds."""
+  sys.path.insert(0, os.path.join(REPO, "scripts"))
+  import bench_programs
+  images = os.path.join(scratch, "jpegs")
+  bench_programs.make_images(images)
+  run = lambda **spec: run_program(args, **spec)  # noqa: E731
+  groups = {
+      "images, augmentation in the dataset": {
+          "keras_fit": dict(program="images", variant="keras", data=images),
+          "trainer (port, per example)": dict(program="images", variant="trainer",
+                                              data=images),
+          "trainer (the original's batched dataset)": dict(
+              program="images", variant="trainer_batched", data=images)},
+      "images, augmentation in the model": {
+          name: dict(spec, augment="model") for name, spec in (
+              ("keras_fit", dict(program="images", variant="keras", data=images)),
+              ("trainer (port)", dict(program="images", variant="trainer",
+                                      data=images)))},
+      "text": {
+          "keras_fit": dict(program="text", variant="keras"),
+          "trainer (port)": dict(program="text", variant="trainer"),
+          "trainer (--preprocess_once=false)": dict(
+              program="text", variant="trainer",
+              flags=json.dumps({"preprocess_once": False}))}}
+  rows = []
+  for name, specs in groups.items():
+    variants = interleaved(run, args.repeats, specs)
+    keras_fit = rate(variants["keras_fit"])
+    rows.append({"dataset": name, "variants": variants, "ratios": {
+        f"{variant} / keras_fit": ratio(rate(result), keras_fit)
+        for variant, result in variants.items() if variant != "keras_fit"}})
+  return rows
+
+
+def plain_records(args, scratch) -> dict:
+  """`python -m trainer.main`, 1,200 steps on 2 replicas (digits, cnn), on
+  TFRecord files and on the same digits as arrays, in rounds: results.json's
+  examples/s (the whole run after its first call)."""
+  files = _make_records(os.path.join(scratch, "plain"), "--dataset=digits",
+                        "--format=png", "--shards=8")
+  sources = {"records": ["--dataset=tfrecord", f"--train_files={files}"],
+             "arrays": ["--dataset=digits"]}
+  runs = {name: [] for name in sources}
+  for round_ in range(max(1, args.repeats)):
+    for name, flags in sources.items():
+      model_dir = os.path.join(scratch, f"plain-{name}-{round_}")
+      subprocess.run([sys.executable, "-m", "trainer.main", *flags, "--model=cnn",
+                      "--cpu_devices=2", "--train_steps=1200", "--mode=train",
+                      f"--model_dir={model_dir}"], cwd=REPO, capture_output=True,
+                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                     timeout=args.timeout, check=False)
+      try:
+        with open(os.path.join(model_dir, "results.json")) as f:
+          runs[name].append(json.load(f)["examples_per_second"])
+      except (OSError, KeyError, ValueError):
+        pass
+  variants = {name: ({"examples_per_second": statistics.median(speeds),
+                      "repeats": [round(s) for s in sorted(speeds)]} if speeds
+                     else {"error": "no results.json"})
+              for name, speeds in runs.items()}
+  return {"variants": variants, "ratios": {"records / arrays (plain run)": ratio(
+      rate(variants["records"]), rate(variants["arrays"]))}}
+
+
 def interleaved(run_variant, repeats: int, specs: dict) -> dict:
   """{name: the result of median rate (the lower middle of an even count), with
   every repeat's rate, slowest first} of each of `specs` ({name: run_variant's
@@ -281,7 +372,18 @@ def run_sections(names, *, run_variant, quickstart, args) -> dict:
         out[name] = history(run_variant, args)
       elif name == "batchnorm":
         out[name] = batchnorm(run_variant, args)
+      elif name == "programs":
+        out[name] = programs(args, scratch)
+      elif name == "plain_records":
+        out[name] = plain_records(args, scratch)
   return out
+
+
+def _target(ratio: str):
+  """The target of a ratio: its own, or a "* / NAME" one's."""
+  if ratio in TARGETS:
+    return TARGETS[ratio]
+  return TARGETS.get("* / " + ratio.rsplit(" / ", 1)[-1])
 
 
 def fmt(value, spec=",.0f"):
@@ -308,7 +410,7 @@ def render(sections: dict) -> list:
                    f"{q.get('peak_rss_mib')} MiB")
     for group in groups:
       for ratio, value in group["ratios"].items():
-        target = TARGETS.get(ratio)
+        target = _target(ratio)
         verdict = ""
         if target is not None and value is not None:
           met = value <= target if ratio.endswith("_s") else value >= target

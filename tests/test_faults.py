@@ -5,6 +5,7 @@ phase, leftovers, and SIGKILLs at random moments."""
 import contextlib
 import json
 import os
+import re
 import random
 import signal
 import subprocess
@@ -540,3 +541,27 @@ def test_eval_mode_on_a_directory_it_cannot_write(model_dir, monkeypatch, capsys
   assert "eval of step 5: " in out
   assert not os.path.exists(os.path.join(model_dir, "eval_results.json"))
   assert not os.path.exists(os.path.join(model_dir, "eval"))
+
+
+def test_the_requeue_signal_outside_slurm_stops_as_sigterm_and_says_why(model_dir):
+  """SIGUSR1 (--requeue_signal) killed the run; outside a SLURM job it now stops
+  as SIGTERM does (checkpoint, status interrupted, exit 4), saying why it did not
+  requeue. With --requeue_signal=none, USR1 is the process's to take as it will
+  (its default: ended at once)."""
+  env = {k: v for k, v in cli_env().items() if not k.startswith("SLURM_")}
+  process = _start(f"--model_dir={model_dir}", "--model=mlp", "--train_steps=100000",
+                   "--checkpoint_every=1000", env=env)
+  _read_until(process, "ETA")  # Training: a progress line.
+  process.send_signal(signal.SIGUSR1)
+  output = process.communicate(timeout=120)[0]
+  assert process.returncode == 4, output[-2000:]
+  assert re.search(r"^SIGUSR1: saved a checkpoint at step \d+$", output, re.M), output
+  assert ("SIGUSR1: not requeued: this is no SLURM job (SLURM_JOB_ID is not set); "
+          "rerun the same command to resume") in output
+  assert read_results(model_dir)["status"] == "interrupted"
+  plain = _start(f"--model_dir={model_dir}_none", "--model=mlp",
+                 "--train_steps=100000", "--requeue_signal=none", env=env)
+  _read_until(plain, "ETA")
+  plain.send_signal(signal.SIGUSR1)
+  plain.communicate(timeout=120)
+  assert plain.returncode == -signal.SIGUSR1

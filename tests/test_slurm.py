@@ -194,3 +194,62 @@ def test_a_busy_worker_port_stops_the_job_with_one_line_naming_it(slurm, tmp_pat
   assert "Traceback" not in output and re.search(
       r"task 0: Exited with exit code 2$", output, re.M), output[-3000:]
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def write_requeue_script(path, steps_file):
+  """docs/scaling.md's recipe for a time limit: SLURM signals the batch shell
+  (--signal=B:USR1@90, here scancel --signal=USR1 --batch), which passes it to
+  srun's tasks and waits for them; the job was submitted with --requeue. The
+  step count comes from a file, so that the requeued job can be given its end."""
+  with open(path, "w") as f:
+    f.write("\n".join([
+        "#!/bin/bash", *(f"#SBATCH {option}" for option in TASKS),
+        "#SBATCH --requeue", "#SBATCH --open-mode=append",
+        'trap \'kill -USR1 "$step"\' USR1',
+        f'srun {shlex.join(trainer_command())} "$@" '
+        f'--train_steps="$(cat {shlex.quote(str(steps_file))})" &',
+        'step=$!', 'wait "$step"; status=$?',
+        'while kill -0 "$step" 2>/dev/null; do wait "$step"; status=$?; done',
+        'exit "$status"', ""]))
+  return str(path)
+
+
+def test_the_requeue_signal_saves_requeues_and_the_job_resumes(slurm, tmp_path):
+  """SIGUSR1 (--requeue_signal's default) to the batch shell: every worker stops
+  at one step with its checkpoint, the chief requeues the job (scontrol requeue,
+  status requeued, exit 4), and the requeued job resumes there and ends bit for
+  bit where an uninterrupted run ends."""
+  steps_file = tmp_path / "steps"
+  steps_file.write_text("1000000")  # Open-ended: the signal lands mid-run.
+  script = write_requeue_script(tmp_path / "train.sh", steps_file)
+  model_dir, output = str(tmp_path / "run"), str(tmp_path / "job.out")
+  job = slurm.submit(script, f"--model_dir={model_dir}",
+                     options=[f"--output={output}"], cwd=REPO, env=job_env(slurm))
+  slurm.wait_for(
+      "a checkpoint beyond step 0",
+      lambda: saved_steps(model_dir) or _ended_early(slurm, job, output),
+      timeout=TIMEOUT)
+  assert slurm.run("scancel", "--signal=USR1", "--batch", job).returncode == 0
+  slurm.wait_for("the requeued job", lambda: slurm.job_state(job) == "PENDING",
+                 timeout=TIMEOUT)
+  requeued = read_results(model_dir)
+  step = requeued["global_step"]
+  assert requeued["status"] == "requeued" and step > 0, requeued
+  log = read(output)
+  assert f"SIGUSR1: requeued SLURM job {job} (scontrol requeue {job})" in log, (
+      log[-3000:])
+  # SLURM holds a requeued job back (BeginTime) for a while: start it now.
+  steps_file.write_text(str(step + 20))
+  assert slurm.run("scontrol", "update", f"JobId={job}",
+                   "StartTime=now").returncode == 0
+  assert slurm.wait_until_done(job, timeout=TIMEOUT) == "COMPLETED", (
+      read(output)[-3000:])
+  log = read(output)
+  assert re.search(rf"resuming at step {step}\b", log), log[-3000:]
+  assert read_results(model_dir)["status"] == "completed"
+
+  reference_dir = str(tmp_path / "uninterrupted")
+  reference = srun(slurm, f"--train_steps={step + 20}",
+                   f"--model_dir={reference_dir}")
+  assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+  assert_bit_identical(model_dir, reference_dir)

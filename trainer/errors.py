@@ -35,6 +35,7 @@ class RunStatus(str, enum.Enum):
   STOPPED = "stopped"  # An action returned trainer.STOP.
   TIME_LIMIT = "time_limit"  # --max_time: a checkpoint, rerun to resume.
   INTERRUPTED = "interrupted"  # SIGTERM/SIGINT: a checkpoint, rerun to resume.
+  REQUEUED = "requeued"  # --requeue_signal: a checkpoint, the SLURM job requeued.
   DIVERGED = "diverged"  # Non-finite loss or gradients.
   HUNG = "hung"  # A phase made no progress, or a peer was lost.
   UNEXPORTED = "unexported"  # Trained; the export failed.
@@ -62,6 +63,7 @@ _EXIT_CODES = {
     RunStatus.TIME_LIMIT: ExitCode.OK,
     RunStatus.EVALUATED: ExitCode.OK,
     RunStatus.INTERRUPTED: ExitCode.INTERRUPTED,
+    RunStatus.REQUEUED: ExitCode.INTERRUPTED,
     RunStatus.DIVERGED: ExitCode.DIVERGED,
     RunStatus.HUNG: ExitCode.HUNG,
     RunStatus.UNEXPORTED: ExitCode.UNEXPORTED,

@@ -14,7 +14,7 @@ from trainer.errors import RunStatus
 
 # When two workers ask to stop for different reasons, the later one here wins.
 STOP_PRIORITY = (RunStatus.STOPPED, RunStatus.EARLY_STOPPED, RunStatus.TIME_LIMIT,
-                 RunStatus.INTERRUPTED)
+                 RunStatus.REQUEUED, RunStatus.INTERRUPTED)
 
 
 @dataclasses.dataclass(frozen=True)

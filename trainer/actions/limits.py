@@ -10,17 +10,23 @@ from trainer.errors import RunStatus
 
 
 class SignalStop(Action):
-  """Asks to stop once this process got SIGTERM or SIGINT."""
+  """Asks to stop once this process got SIGTERM or SIGINT, or the requeue signal
+  (--requeue_signal: the job is requeued once every worker saved)."""
 
-  def __init__(self, stop_request):
+  def __init__(self, stop_request, *, requeue_signal=None):
     self._request = stop_request
+    self._requeue_signal = requeue_signal
 
   def __call__(self, call: LoopCall):
     if not self._request:
       return None
+    name = self._request.signal_name
+    if name == self._requeue_signal:
+      return Stop(RunStatus.REQUEUED, f"{name}: saved a checkpoint at step "
+                  f"{call.step}")
     return Stop(RunStatus.INTERRUPTED, (
-        f"{self._request.signal_name}: saved a checkpoint at step {call.step}; rerun "
-        "the same command to resume"))
+        f"{name}: saved a checkpoint at step {call.step}; rerun the same command "
+        "to resume"))
 
 
 class TimeLimit(Action):

@@ -26,6 +26,7 @@ OPTIMIZERS = ("adam", "adamw", "lion", "sgd", "momentum")
 LR_SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
 ON_NAN = ("stop", "rollback")
 VERIFY_EQUIVALENCE = ("false", "true", "strict")
+REQUEUE_SIGNALS = ("USR1", "USR2", "HUP", "ALRM", "none")
 MIXED_PRECISION = ("none", "mixed_bfloat16", "mixed_float16")
 MAX_CPU_DEVICES = 64
 MAX_THREADS = 1024
@@ -103,6 +104,12 @@ class DistributeConfig:
       "auto", "All-reduce implementation: auto, ring or nccl (multi_worker); nccl, "
       "hierarchical_copy or reduce_to_one_device (mirrored). Alias: --communication.",
       choices=CROSS_DEVICE_OPS)
+  requeue_signal: str = field(
+      "USR1", "The signal that SLURM sends before a job's time limit (#SBATCH "
+      "--signal=B:USR1@90): every worker stops as on SIGTERM, saving a checkpoint, "
+      "then the chief requeues the job (scontrol requeue) and the run exits 4 with "
+      "status requeued; the requeued job resumes. none: the signal's default "
+      "action.", choices=REQUEUE_SIGNALS)
   sync_batchnorm: bool = field(
       True, "BatchNormalization normalises with the global batch's statistics "
       "(every replica and worker, as synchronized=True), so N replicas train as one "

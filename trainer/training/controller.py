@@ -26,6 +26,7 @@ _AGREED = {  # What the chief says when another worker's request stopped the run
     RunStatus.EARLY_STOPPED: "early stop",
     RunStatus.TIME_LIMIT: "--max_time reached on another worker",
     RunStatus.INTERRUPTED: "a stop request",
+    RunStatus.REQUEUED: "the requeue signal on another worker",
 }
 
 

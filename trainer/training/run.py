@@ -33,6 +33,7 @@ from trainer.errors import (ConfigError, ExportError, ModelDirError, RunStatus,
                             UserCodeError, disk_full_is_one_line, no_space,
                             user_code)
 from trainer.interrupts import stop_on_signals
+from trainer.distribute import requeue
 from trainer.outputs import export, run_dir
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries, markdown_flags
@@ -65,7 +66,7 @@ def run(config: Config, task: Task = None, actions=()) -> dict:
       # instance given here replaces them (a Python caller's unimportable class).
       return evaluation.evaluate_run(config, task)
     config, task = setup.resolve_task(config.with_model_dir(), task)
-    with stop_on_signals() as stop_request:
+    with stop_on_signals(config.requeue_signal) as stop_request:
       return train(config, task, actions=list(actions), stop_request=stop_request)
 
 
@@ -140,6 +141,20 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
     def vote(phase: str, stop: bool) -> bool:
       with watchdog.guard(phase, step=trainer.step):
         return bool(trainer.stop_vote(int(stop)))
+
+    def interrupted(status=RunStatus.INTERRUPTED) -> RunStatus:
+      """`status` for a stop by a signal: REQUEUED once the chief requeued the
+      SLURM job, where the requeue signal stopped the run (`status` REQUEUED, as
+      the workers agreed, or this process's own signal); else INTERRUPTED."""
+      if status != RunStatus.REQUEUED and (
+          stop_request.signal_name != interrupts.requeue_signal_name()):
+        return RunStatus.INTERRUPTED
+      if not cluster.is_chief:
+        return RunStatus.REQUEUED  # The chief requeues the job.
+      requeued, line = requeue.requeue_job(os.environ)
+      console.say(f"{interrupts.requeue_signal_name()}: {line}" + (
+          "" if requeued else "; rerun the same command to resume"))
+      return RunStatus.REQUEUED if requeued else RunStatus.INTERRUPTED
 
     def stopping(during: str) -> bool:
       """A signal came (before or) during `during`: every worker agrees to stop."""
@@ -223,7 +238,8 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                         min_rate=config.min_learning_rate,
                         base_rate=trainer.base_learning_rate, metric=best[0]),
         *[UserAction(action, context=context) for action in actions],
-        checkpoint, SignalStop(stop_request),
+        checkpoint,
+        SignalStop(stop_request, requeue_signal=interrupts.requeue_signal_name()),
         TimeLimit(max_time=config.max_time, budget=config.max_time_seconds)]
 
     def on_stop(message: str):
@@ -233,7 +249,7 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
 
     # ---- 6. The controller: loop calls to --train_steps. ----
     if stopping("during set-up"):
-      return results.finish(RunStatus.INTERRUPTED)
+      return results.finish(interrupted())
     if trainer.step >= config.train_steps:
       console.say(f"already at step {trainer.step} >= --train_steps="
                   f"{config.train_steps}; nothing to train")
@@ -245,6 +261,8 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                           steps_per_loop=config.steps_per_loop, watchdog=watchdog,
                           on_stop=on_stop).train()
     profiler.close()
+    if status in (RunStatus.INTERRUPTED, RunStatus.REQUEUED):
+      status = interrupted(status)
     if not status.finished:
       return _closing(results.finish(status), config, console, best[0])
 
@@ -253,13 +271,13 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
       with watchdog.guard("final evaluation", step=trainer.step):
         evaluate.evaluate()
       if stopping("during the final evaluation"):
-        return results.finish(RunStatus.INTERRUPTED)
+        return results.finish(interrupted())
     if cluster.is_chief:
       _export(built, results, export_dir)
       if stop_request:
         console.say(f"{stop_request.signal_name} during the export: rerun the "
                     "same command to finish")
-        return results.finish(RunStatus.INTERRUPTED)
+        return results.finish(interrupted())
     return _closing(results.finish(status), config, console, best[0])
 
 
