@@ -45,8 +45,8 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
     if self.model_dir is not None and not self.model_dir.strip():
       raise ConfigError("--model_dir=: must name a directory, e.g. runs/r1 (leave "
                         "it out for a new one under runs/)")
-    if self.mode == "eval" and not self.model_dir:
-      raise ConfigError("--mode=eval needs --model_dir of a trained run")
+    if self.mode in ("eval", "continuous_eval") and not self.model_dir:
+      raise ConfigError(f"--mode={self.mode} needs --model_dir of a run")
     if self.strategy == "multi_worker" and not self.model_dir:
       raise ConfigError("--strategy=multi_worker needs --model_dir: every worker "
                         "must name the same directory")
@@ -84,7 +84,7 @@ class Config(LoopConfig, OptimizationConfig, InputConfig, DistributeConfig,
                         "(or 0 for no averaging)")
 
   def _check_loop(self):
-    for name in ("max_time", "hang_timeout"):
+    for name in ("max_time", "hang_timeout", "eval_timeout"):
       if getattr(self, name) is not None:
         parse_duration(getattr(self, name), flag=f"--{name}")
     if self.profile_steps and (len(self.profile_steps) != 2 or

@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 from trainer.errors import ConfigError
 
-MODES = ("train", "eval", "train_and_eval")
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 ARRAY_INPUTS = ("gather", "dataset")
 STRATEGIES = ("mirrored", "one_device", "multi_worker")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
@@ -67,8 +67,10 @@ class RunConfig:
   mode: Optional[str] = field(
       None, "train: train only; train_and_eval: train, evaluating every "
       "--eval_every steps and at the end; eval: evaluate the latest checkpoint of "
-      "--model_dir. Default: train_and_eval when the task has eval data, else "
-      "train.", choices=MODES)
+      "--model_dir; continuous_eval: evaluate every new checkpoint of --model_dir "
+      "as it appears, beside a training run, until it ends (a TF_CONFIG task of "
+      "type evaluator runs this). Default: train_and_eval when the task has eval "
+      "data, else train.", choices=MODES)
   model_dir: Optional[str] = field(
       None, "Run directory (events, checkpoints, results.json). Default: a new "
       "timestamped folder under runs/.")
@@ -308,9 +310,16 @@ class LoopConfig:
   max_time: Optional[str] = field(None, "Time budget of this invocation, e.g. 90m, "
                                   "2h, 3600s: stop (with a checkpoint) after the "
                                   "first loop call past it.")
+  eval_timeout: str = field("1h", "--mode=continuous_eval: stop after this long "
+                            "without a new checkpoint, e.g. 30m.")
   profile_steps: Sequence[int] = field((), "A,B: record a TensorFlow profile of "
                                        "steps A to B under MODEL_DIR/train (the "
                                        "Profile tab).")
+
+  @property
+  def eval_timeout_seconds(self) -> float:
+    """--eval_timeout in seconds."""
+    return parse_duration(self.eval_timeout, flag="--eval_timeout")
 
   @property
   def max_time_seconds(self) -> Optional[float]:

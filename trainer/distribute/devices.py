@@ -228,7 +228,16 @@ def cluster_resolver(config: DistributeConfig):
   """
   if config.cluster_resolver == "tf_config":
     _check_tf_config()
-    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = resolver.cluster_spec().as_dict()
+    if "evaluator" not in spec:
+      return resolver
+    # The evaluator (--mode=continuous_eval) takes no part in training's
+    # collectives: the workers form their cluster without it.
+    del spec["evaluator"]
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type=resolver.task_type,
+        task_id=resolver.task_id, rpc_layer=resolver.rpc_layer or "grpc")
   resolvers = tf.distribute.cluster_resolver
   try:
     # Counted here: TF's own count runs nvidia-smi, absent on CPU-only nodes.
@@ -245,6 +254,15 @@ def cluster_resolver(config: DistributeConfig):
         num_accelerators={}, rpc_layer=slurm.rpc_layer)
   except RuntimeError as e:  # A SLURM_* variable is missing.
     raise ConfigError(f"--cluster_resolver=slurm: {e} (run it under srun)") from None
+
+
+def tf_config_task_type():
+  """TF_CONFIG's task type ("worker", "chief", "evaluator"), or None."""
+  try:
+    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+    return task.get("type") if isinstance(task, dict) else None
+  except (ValueError, AttributeError):
+    return None
 
 
 def _check_tf_config():

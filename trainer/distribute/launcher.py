@@ -39,10 +39,15 @@ def free_ports(count: int) -> list:
       s.close()
 
 
-def tf_config(ports: list, index: int) -> str:
-  """The TF_CONFIG of worker `index` in a cluster of workers on `ports`."""
-  return json.dumps({"cluster": {"worker": [f"{HOST}:{p}" for p in ports]},
-                     "task": {"type": "worker", "index": index}})
+def tf_config(ports: list, index: int, *, evaluator_port=None,
+              task_type: str = "worker") -> str:
+  """The TF_CONFIG of worker `index` (or, task_type "evaluator", of the
+  evaluator) in a cluster of workers on `ports`, and an evaluator on
+  `evaluator_port` if given."""
+  cluster = {"worker": [f"{HOST}:{p}" for p in ports]}
+  if evaluator_port is not None:
+    cluster["evaluator"] = [f"{HOST}:{evaluator_port}"]
+  return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
 
 _HUNG = 7  # trainer's ExitCode.HUNG (not imported: the launcher loads no TF).
@@ -79,9 +84,11 @@ class _Worker:
   """One worker process, the thread that streams its output and the one that
   reports its exit (to `exits`, in the order the workers end)."""
 
-  def __init__(self, index, command, env, out, out_lock, exits: queue.Queue):
+  def __init__(self, index, command, env, out, out_lock, exits: queue.Queue, *,
+               label=None):
     self.index = index
-    self.name = "chief (worker 0)" if index == 0 else f"worker {index}"
+    self.name = label or ("chief (worker 0)" if index == 0 else f"worker {index}")
+    self._prefix = f"[{label or f'worker {index}'}]"
     self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
     self._thread = threading.Thread(target=self._stream, args=(out, out_lock),
@@ -95,7 +102,7 @@ class _Worker:
   def _stream(self, out, out_lock):
     for line in self.process.stdout:
       with out_lock:
-        out.write(f"[worker {self.index}] {line}")
+        out.write(f"{self._prefix} {line}")
         out.flush()
 
   def signal(self, signum):
@@ -107,7 +114,8 @@ class _Worker:
 
 
 def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
-           out=None, program=(sys.executable, "-m", "trainer.main")) -> int:
+           out=None, program=(sys.executable, "-m", "trainer.main"),
+           evaluator: bool = False) -> int:
   """Runs `python -m trainer.main TRAINER_ARGS --strategy=multi_worker` N times.
 
   Args:
@@ -118,6 +126,10 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
       before they are killed.
     out: where worker output and launcher messages go (default stdout).
     program: the command each worker runs before the flags (tests give another).
+    evaluator: also start an evaluator (TF_CONFIG task type "evaluator", which
+      runs --mode=continuous_eval), beside the workers: it ends on its own once
+      training finished and its last checkpoint is evaluated; it is stopped
+      when training fails. Its failure fails nothing of training's.
 
   Returns:
     The chief's exit code when every worker ends on its own; otherwise the exit
@@ -132,29 +144,55 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
       out.write(f"launch_workers: {message}\n")
       out.flush()
 
-  ports = free_ports(num_workers)
+  *ports, evaluator_port = free_ports(num_workers + 1)
+  evaluator_port = evaluator_port if evaluator else None
   command = [*program, *trainer_args,
              "--strategy=multi_worker"]  # Last, so it overrides a flagfile's.
-  say(f"{num_workers} workers on {', '.join(f'{HOST}:{p}' for p in ports)}")
+  say(f"{num_workers} workers on {', '.join(f'{HOST}:{p}' for p in ports)}"
+      + (f", an evaluator on {HOST}:{evaluator_port}" if evaluator else ""))
   workers, exits = [], queue.Queue()
   for index in range(num_workers):
-    env = dict(os.environ, TF_CONFIG=tf_config(ports, index), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, TF_CONFIG=tf_config(ports, index,
+                                                 evaluator_port=evaluator_port),
+               PYTHONUNBUFFERED="1")
     workers.append(_Worker(index, command, env, out, out_lock, exits))
     say(f"started {workers[-1].name} (pid {workers[-1].process.pid})")
-  interrupt = _Interrupt(workers, say)
+  sidecar = None
+  if evaluator:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CONFIG=tf_config(
+        ports, 0, evaluator_port=evaluator_port, task_type="evaluator"))
+    sidecar = _Worker(-1, command, env, out, out_lock, queue.Queue(),
+                      label="evaluator")
+    say(f"started the evaluator (pid {sidecar.process.pid})")
+  interrupt = _Interrupt(workers + ([sidecar] if sidecar else []), say)
   previous = {s: signal.signal(s, interrupt.forward)
               for s in (signal.SIGINT, signal.SIGTERM)}
   try:
     failed = _wait(workers, exits, interrupt, grace_seconds, say)
+    if sidecar is not None:
+      _wait_for_evaluator(sidecar, training_ok=not failed and
+                          workers[0].process.returncode == 0, say=say)
   finally:
     for sig, old in previous.items():
       signal.signal(sig, old)
-    for worker in workers:
+    for worker in workers + ([sidecar] if sidecar else []):
       worker.signal(signal.SIGKILL)
       worker.process.wait()
       worker.finish_streaming()
   code = (failed or workers[0]).process.returncode
   return shell_code(code)
+
+
+def _wait_for_evaluator(sidecar, *, training_ok: bool, say):
+  """Lets the evaluator finish the run's last checkpoints (it ends on its own
+  once the run's results.json says it finished), or stops it (SIGTERM) when
+  training did not finish; says how it ended."""
+  if not training_ok:
+    sidecar.signal(signal.SIGTERM)
+  returncode = sidecar.process.wait()
+  if returncode:
+    say(f"the evaluator (pid {sidecar.process.pid}) ended with "
+        f"{describe_exit(returncode)}")
 
 
 class _Interrupt:
@@ -260,6 +298,9 @@ def main(argv=None) -> int:
   parser.add_argument("--grace_seconds", type=float, default=10.0,
                       help="after a worker dies, seconds the others get to stop "
                            "before they are killed (default 10)")
+  parser.add_argument("--evaluator", action="store_true",
+                      help="also start an evaluator beside the workers "
+                           "(--mode=continuous_eval through TF_CONFIG)")
   parser.add_argument("trainer_args", nargs=argparsing.argparse.REMAINDER,
                       help="-- then the trainer flags, e.g. --model_dir=runs/mw")
   args = parser.parse_args(argv)
@@ -273,4 +314,4 @@ def main(argv=None) -> int:
     parser.exit(2, f"launch_workers.py: error: --grace_seconds={args.grace_seconds:g}"
                    ": must be >= 0\n")
   return launch(trainer_args, num_workers=args.num_workers,
-                grace_seconds=args.grace_seconds)
+                grace_seconds=args.grace_seconds, evaluator=args.evaluator)

@@ -116,6 +116,34 @@ class Checkpoints:
     set_ledger_totals(self._trainer, batches, examples)
     return step
 
+  def restore_exactly(self, step: int) -> bool:
+    """Restores the checkpoint of `step` (a run opened read-only: an evaluator's);
+    returns False where it was deleted (rotated by its live run) before or while
+    it was read.
+
+    Raises:
+      ModelDirError: it does not fit the model, or cannot be read.
+    """
+    path = files.path_of(self.directory, step)
+    try:
+      problems = weight_problems(path, self._trainer.model)
+      if problems:
+        raise ModelDirError(f"checkpoint {path} does not fit the model being built: "
+                            f"{'; '.join(problems)}")
+      self._core.restore(path).assert_existing_objects_matched().expect_partial()
+      self._extra.restore(path).expect_partial()
+    except (tf.errors.NotFoundError, FileNotFoundError):
+      if not os.path.exists(path + ".index"):
+        return False
+      raise
+    except tf.errors.OpError as e:
+      if not os.path.exists(path + ".index"):
+        return False  # Deleted while its data file was being read.
+      raise ModelDirError(f"checkpoint {path} cannot be read ({one_line(e)})"
+                          ) from None
+    self.record = self._record_variable.read()
+    return True
+
   def _restore_newest(self, before):
     steps = [s for s in files.checkpoint_steps(self.directory)
              if before is None or s < before]

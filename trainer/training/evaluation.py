@@ -10,13 +10,27 @@ import os
 import time
 
 from trainer.config import Config
-from trainer.errors import ModelDirError, RunStatus
+from trainer import tasks
+from trainer.errors import ConfigError, ModelDirError, RunStatus
 from trainer.outputs import progress, run_dir
 from trainer.outputs.summaries import Summaries
 from trainer.tasks import Task
 from trainer.training.open_run import open_run
 
 EVAL_RESULTS_FILE = "eval_results.json"
+
+
+def best_metric(config: Config, task: Task, reported) -> tuple:
+  """(metric, goal) that picks the best evaluation, checked against the task's.
+
+  Raises:
+    ConfigError: --best_metric names a metric the task does not report.
+  """
+  metric = config.best_metric or type(task).best_metric
+  if metric.split("/", 1)[-1] not in reported:
+    raise ConfigError(f"--best_metric={metric}: task {config.task} reports "
+                      f"{', '.join('eval/' + n for n in reported)}")
+  return metric, config.best_goal or tasks.metric_goal(type(task), metric)
 
 
 def evaluate_run(config: Config, task: Task = None) -> dict:
@@ -57,7 +71,11 @@ def evaluate_run(config: Config, task: Task = None) -> dict:
       summaries.scalars("eval", step, {k: v for k, v in metrics.items()
                                        if k != "examples"})
       summaries.close()
-      run_dir.write_json(os.path.join(config.model_dir, EVAL_RESULTS_FILE), results)
+      path = os.path.join(config.model_dir, EVAL_RESULTS_FILE)
+      # An evaluator's record of the steps it evaluated stays (continuous_eval).
+      kept = {k: v for k, v in (run_dir.read_json(path) or {}).items()
+              if k in ("evaluated", "best_eval")}
+      run_dir.write_json(path, dict(kept, **results))
     else:
       console.say(f"note: {config.model_dir} is not writable: this evaluation is "
                   f"printed only (no {EVAL_RESULTS_FILE}, no eval summaries)")

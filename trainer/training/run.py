@@ -29,17 +29,17 @@ from trainer.actions.profiler import Profiler
 from trainer.actions.report import Report
 from trainer.actions.user import UserAction
 from trainer.config import Config
-from trainer.errors import (ConfigError, ExportError, ModelDirError, RunStatus,
+from trainer.errors import (ExportError, ModelDirError, RunStatus,
                             UserCodeError, disk_full_is_one_line, no_space,
                             user_code)
 from trainer.interrupts import stop_on_signals
-from trainer.distribute import requeue
+from trainer.distribute import devices, requeue
 from trainer.outputs import export, run_dir
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries, markdown_flags
 from trainer.tasks import Task
-from trainer.training import (announce, equivalence, evaluation, optimizers,
-                              peers, replica_layers, resume, setup)
+from trainer.training import (announce, continuous_eval, equivalence, evaluation,
+                              optimizers, peers, replica_layers, resume, setup)
 from trainer.training.checkpoint_files import find_checkpoint, warm_start
 from trainer.training.controller import Controller
 from trainer.training.watchdog import HangWatchdog
@@ -61,26 +61,27 @@ def run(config: Config, task: Task = None, actions=()) -> dict:
   # Under multi-worker, a failure of this worker alone is told to the others,
   # which stop at once (and say so in one line) instead of waiting for it.
   with peers.failures_shared():
+    config = evaluator_config(config)
     if config.mode == "eval":
       # The run's own task and hyperparameters come from its flags.txt; a task
       # instance given here replaces them (a Python caller's unimportable class).
       return evaluation.evaluate_run(config, task)
+    if config.mode == "continuous_eval":
+      with stop_on_signals(config.requeue_signal) as stop_request:
+        return continuous_eval.evaluate_continuously(config, task,
+                                                     stop_request=stop_request)
     config, task = setup.resolve_task(config.with_model_dir(), task)
     with stop_on_signals(config.requeue_signal) as stop_request:
       return train(config, task, actions=list(actions), stop_request=stop_request)
 
 
-def best_metric(config: Config, task: Task, reported) -> tuple:
-  """(metric, goal) that picks the best evaluation, checked against the task's.
-
-  Raises:
-    ConfigError: --best_metric names a metric the task does not report.
-  """
-  metric = config.best_metric or type(task).best_metric
-  if metric.split("/", 1)[-1] not in reported:
-    raise ConfigError(f"--best_metric={metric}: task {config.task} reports "
-                      f"{', '.join('eval/' + n for n in reported)}")
-  return metric, config.best_goal or tasks.metric_goal(type(task), metric)
+def evaluator_config(config: Config) -> Config:
+  """`config` for a process whose TF_CONFIG task is the cluster's evaluator:
+  --mode=continuous_eval on its own devices (it is no training worker)."""
+  if devices.tf_config_task_type() != "evaluator":
+    return config
+  return config.replace(mode="continuous_eval", strategy=(
+      "mirrored" if config.strategy == "multi_worker" else config.strategy))
 
 
 def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
@@ -91,7 +92,7 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
   interrupts.refresh()  # The strategy's start-up may have replaced them.
   trainer, checkpoints, console = built.trainer, built.checkpoints, built.console
   cluster, train_data = built.cluster, built.train_data
-  best = best_metric(config, task, trainer.reported_metrics)
+  best = evaluation.best_metric(config, task, trainer.reported_metrics)
   flag_lines = optimizers.applied_flags(config.to_flags(),
                                         task_optimizer=trainer.task_optimizer)
   export_dir = config.export_dir or os.path.join(config.model_dir, "export")
