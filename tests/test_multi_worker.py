@@ -381,3 +381,39 @@ def test_workers_at_different_speeds_agree_on_the_automatic_loop_length(tmp_path
   results = read_results(model_dir)
   assert results["status"] == "completed" and results["global_step"] == 1500
   assert results["replica_batches"] == {"replica_0": 1500, "replica_1": 1500}
+
+
+def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_resumes(
+    reference_run, tmp_path):
+  """A cloud preempts one machine, not the cluster: SIGTERM to worker 1 alone
+  (not the launcher) makes every worker agree on a step in the stop vote, save
+  and exit 4; relaunching resumes there and ends bit for bit where an
+  uninterrupted run ends."""
+  reference_dir, _, _ = reference_run
+  model_dir = str(tmp_path / "run")
+  process, output = start_launcher(model_dir, "--mode=train_and_eval",
+                                   tmpdir=tmp_path,
+                                   until=r"\[worker 0\] step [1-9]\d\d/")
+  try:
+    worker_pid = int(re.search(r"started worker 1 \(pid (\d+)\)", output)[1])
+    os.kill(worker_pid, signal.SIGTERM)
+    output += process.stdout.read()
+    assert process.wait(timeout=120) == 4, output[-3000:]
+  finally:
+    process.kill()
+  # Only the chief prints; it names the other worker's request.
+  stopped = re.search(r"^\[worker 0\] a stop request at step (\d+): saved a "
+                      "checkpoint", output, re.M)
+  assert stopped, output[-3000:]
+  step = int(stopped[1])
+  assert "stopped at the step the workers agreed on (exit 4" in output
+  assert "failed" not in output, output[-3000:]
+  results = read_results(model_dir)
+  assert results["status"] == "interrupted" and results["global_step"] == step
+  relaunched = launch(model_dir, "--mode=train_and_eval", tmpdir=tmp_path)
+  assert relaunched.returncode == 0, relaunched.stdout[-3000:]
+  assert re.search(rf"resuming at step {step}\b", relaunched.stdout)
+  resumed = checkpoint_values(os.path.join(model_dir, "checkpoints"))
+  reference = checkpoint_values(os.path.join(reference_dir, "checkpoints"))
+  for key in [k for k in reference if k.startswith("model/")]:
+    np.testing.assert_array_equal(resumed[key], reference[key], err_msg=key)

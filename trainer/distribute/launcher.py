@@ -51,6 +51,7 @@ def tf_config(ports: list, index: int, *, evaluator_port=None,
 
 
 _HUNG = 7  # trainer's ExitCode.HUNG (not imported: the launcher loads no TF).
+_INTERRUPTED = 4  # ExitCode.INTERRUPTED: stopped by a signal, with a checkpoint.
 
 
 def describe_exit(returncode: int) -> str:
@@ -227,6 +228,14 @@ def _wait(workers, exits: queue.Queue, interrupt: _Interrupt, grace_seconds: flo
         _kill_running(workers, say, "did not stop after the interrupt")
       continue
     ended.add(worker)
+    if interrupt.since is None and worker.process.returncode == _INTERRUPTED:
+      # A stop requested by a worker's own signal (a preempted machine): every
+      # worker agreed on its step in the stop vote and saved; they end too.
+      say(f"{worker.name} (pid {worker.process.pid}) stopped at the step the "
+          f"workers agreed on (exit {_INTERRUPTED}, a signal to a worker); waiting "
+          "for the others")
+      interrupt.since = time.monotonic()
+      continue
     if interrupt.since is None and worker.process.returncode != 0:
       failed = _first_to_die(worker, workers, ended, exits)
       say(f"{failed.name} (pid {failed.process.pid}) failed: "
