@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (REPO, assert_bit_identical, checkpoint_values, read_results,
-                      run_cli)
+from conftest import (REPO, assert_bit_identical, assert_close, checkpoint_values,
+                      read_results, run_cli)
+from test_multi_worker import FLAGS as WORKER_FLAGS
 from test_multi_worker import launch
 from trainer import data
 
@@ -112,6 +113,20 @@ def test_two_workers_read_their_own_shards_and_resume_bit_exact(shards, tmp_path
   assert launch(streamed, *args, "--train_steps=60", "--array_input=dataset",
                 tmpdir=tmp_path).returncode == 0
   assert_bit_identical(straight, streamed)
+
+  # Elastic: 2 workers for 30 steps, then one process (4 replicas, the same
+  # global batch) reads the 2 workers' shards itself, each step's examples those
+  # of the straight run: the same weights (it read other files, and said so).
+  elastic = str(tmp_path / "elastic")
+  assert launch(elastic, *args, "--train_steps=30", tmpdir=tmp_path).returncode == 0
+  one = run_cli(*[a for a in (*WORKER_FLAGS, *args) if not a.startswith(
+      ("--per_replica_batch_size", "--cpu_devices", "--train_steps"))],
+                "--global_batch_size=32", "--cpu_devices=4", "--train_steps=60",
+                f"--model_dir={elastic}")
+  assert one.returncode == 0, one.stderr[-3000:]
+  assert "resuming on 4 replicas (was 2 replicas on 2 workers)" in one.stdout
+  assert "note: the run read its data through" not in one.stdout
+  assert_close(straight, elastic)
 
 
 def _rewrite(folder, name, change):

@@ -32,11 +32,16 @@ class Order:
     shuffle: whether to shuffle (--shuffle).
     buffer: the shuffle buffer of streamed data (--shuffle_buffer).
     global_batch_size: examples per (micro-)step over all replicas.
+    input_shards: per-pipeline data (TFRecords, a pipeline function): the input
+      pipelines its order is defined over, the run's first number of them (0:
+      one per worker). A worker count that divides it reads the same examples
+      at every step; each worker reads its share of the shards (streams.py).
   """
   seed: int = 0
   shuffle: bool = True
   buffer: int = 10000
   global_batch_size: int = 32
+  input_shards: int = 0
 
 
 class TaskData:

@@ -162,8 +162,9 @@ class TFRecords(streams.PerPipeline):
     pipeline's would not fit (gather.MAX_GATHER_BYTES: every worker takes the
     same path) or hold text, where `parse` may give other values on a second
     read (streams.varies_between_reads: random augmentation), where records
-    are sharded by record, where a worker has several replicas, or for an eval
-    split of several pipelines (padded to the same count on every worker).
+    are sharded by record, where a worker has several replicas, where the order
+    is defined over more shards than pipelines (streams.exact_shards), or for an
+    eval split of several pipelines (padded to the same count on every worker).
 
     Raises:
       DataError: a bad record, named (the records are all read now).
@@ -172,7 +173,9 @@ class TFRecords(streams.PerPipeline):
     largest = max(self.shard(cluster.num_pipelines, p).num_examples
                   for p in range(cluster.num_pipelines))
     if (shard.record_level or
-        (cluster.num_pipelines > 1 and (order is None or cluster.local_replicas > 1))
+        (order is not None and streams.exact_shards(order, cluster.num_pipelines))
+        or (cluster.num_pipelines > 1 and (order is None or
+                                           cluster.local_replicas > 1))
         or not gather.fits_in_memory(self.element_spec, largest) or
         streams.varies_between_reads(self._parsed(self.paths[:1]))):
       return None

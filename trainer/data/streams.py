@@ -106,6 +106,14 @@ def max_over_workers(strategy, cluster, value: int) -> int:
   return int(round(float(tf.reduce_max(total)) / cluster.local_replicas))
 
 
+def exact_shards(order: base.Order, pipelines: int) -> bool:
+  """Whether per-pipeline data is read as order.input_shards shards by
+  `pipelines` pipelines (a worker count that divides the run's first one)."""
+  shards = order.input_shards
+  return (shards > pipelines and shards % pipelines == 0 and
+          order.global_batch_size % shards == 0)
+
+
 class PerPipeline(base.TaskData):
   """Data that each input pipeline (worker) reads its own part of. Subclasses say
   how one pipeline streams batches and reads its eval part."""
@@ -129,8 +137,12 @@ class PerPipeline(base.TaskData):
     def build(context):
       per_replica = context.get_per_replica_batch_size(order.global_batch_size)
       local = context.num_replicas_in_sync // context.num_input_pipelines
-      batches = self.pipeline_batches(context, order, batch_size=per_replica,
-                                      position=start_step * local * per_replica)
+      if exact_shards(order, context.num_input_pipelines):
+        batches = self._shard_batches(context, order, per_replica=per_replica,
+                                      start_step=start_step)
+      else:
+        batches = self.pipeline_batches(context, order, batch_size=per_replica,
+                                        position=start_step * local * per_replica)
       # A plain map: a parallel one after the batch is rewritten under
       # multi-worker with an error line on stderr, and batches are cheap to
       # preprocess.
@@ -138,6 +150,26 @@ class PerPipeline(base.TaskData):
       return dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options(OFF))
 
     return strategy.distribute_datasets_from_function(build, base.input_options())
+
+  def _shard_batches(self, context, order, *, per_replica: int, start_step: int):
+    """This pipeline's per-replica batches when the order is defined over
+    order.input_shards shards, more than the pipelines: pipeline w of W reads
+    shards [w*V/W, (w+1)*V/W), each step B/V examples of each, in shard order.
+    The global batch of a step is then the same on any W that divides V (and
+    replica r of any layout gets the same examples as replica r of the run's
+    first layout, where replicas and shards line up)."""
+    shards, pipelines = order.input_shards, context.num_input_pipelines
+    mine = shards // pipelines
+    per_shard = order.global_batch_size // shards
+    first = context.input_pipeline_id * mine
+    streams = tuple(
+        self.pipeline_batches(
+            tf.distribute.InputContext(shards, v, context.num_replicas_in_sync),
+            order, batch_size=per_shard, position=start_step * per_shard)
+        for v in range(first, first + mine))
+    steps = tf.data.Dataset.zip(streams).map(
+        lambda *parts: tf.nest.map_structure(lambda *p: tf.concat(p, 0), *parts))
+    return steps.unbatch().batch(per_replica, drop_remainder=True)
 
   def eval_input(self, strategy, cluster, *, global_batch_size, preprocess):
     per_replica = -(-global_batch_size // cluster.num_replicas)

@@ -56,8 +56,10 @@ def notes(config, *, built, restored, previous: RunRecord) -> list:
   first, then the chief's notes."""
   cluster = built.cluster
   lines = []
+  shards = built.trainer.order.input_shards
   if restored is not None and previous.input_pipelines not in (
-      None, cluster.num_pipelines):
+      None, cluster.num_pipelines) and not (
+          shards and shards % cluster.num_pipelines == 0):
     lines.append(f"note: the run read its data through {previous.input_pipelines} "
                  f"input pipeline(s), now {cluster.num_pipelines}: each worker reads "
                  "other files, so the examples from here on are not those an "

@@ -103,7 +103,7 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
       global_batch_size=trainer.global_batch_size,
       per_replica_batch_size=trainer.per_replica_batch_size,
       num_replicas=trainer.num_replicas, num_workers=cluster.num_workers,
-      input_pipelines=cluster.num_pipelines)
+      input_pipelines=_input_layout(trainer.order, cluster))
   if config.init_checkpoint and not checkpoints.exists():
     _warm_start(trainer, config.init_checkpoint, console)  # A bad one writes nothing.
   export.check_serving_signature(task, train_data.feature_spec)
@@ -280,6 +280,15 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                     "same command to finish")
         return results.finish(interrupted())
     return _closing(results.finish(status), config, console, best[0])
+
+
+def _input_layout(order, cluster) -> int:
+  """The input pipelines the run's order is defined over from here on: its
+  first ones where this worker count reads them exactly (data.Order.
+  input_shards), else this invocation's."""
+  if order.input_shards and order.input_shards % cluster.num_pipelines == 0:
+    return order.input_shards
+  return cluster.num_pipelines
 
 
 def _record_failure(results: Results, error, watchdog: HangWatchdog):

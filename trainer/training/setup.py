@@ -6,6 +6,7 @@ nothing is written before the run claims its directory.
 """
 
 import dataclasses
+import os
 
 import tensorflow as tf
 
@@ -16,6 +17,7 @@ from trainer.distribute.cluster import Cluster, cluster_of
 from trainer.errors import ConfigError, DataError, user_code
 from trainer.outputs.console import Console
 from trainer.tasks import RunContext, Task
+from trainer.training import checkpoint_files
 from trainer.training.checkpoints import Checkpoints
 from trainer.training.trainer import Trainer
 
@@ -120,7 +122,8 @@ def build(config: Config, task: Task, *, read_only: bool = False,
 
   # 3. The trainer: model, optimizer, step, ledgers and loops, under the strategy.
   order = data.Order(seed=config.seed, shuffle=config.shuffle,
-                     buffer=config.shuffle_buffer, global_batch_size=global_batch)
+                     buffer=config.shuffle_buffer, global_batch_size=global_batch,
+                     input_shards=_input_shards(config.model_dir, cluster, train_data))
   trainer = Trainer.build(
       task=task, strategy=strategy, cluster=cluster, train_data=train_data,
       optimization=config.optimization, order=order,
@@ -152,6 +155,24 @@ def _preprocessed_once(task: Task, train_data, eval_data, console) -> tuple:
         console.say(note)
     splits.append(split)
   return tuple(splits)
+
+
+def _input_shards(model_dir: str, cluster: Cluster, train_data) -> int:
+  """The input pipelines per-pipeline data was first read through (its run's
+  newest checkpoint records them), which this invocation reads exactly where its
+  worker count divides them (data.Order.input_shards); 0 for other data."""
+  if not train_data.per_pipeline:
+    return 0
+  newest = checkpoint_files.latest(os.path.join(model_dir or "",
+                                                checkpoint_files.CHECKPOINT_SUBDIR))
+  if newest:
+    try:
+      recorded = checkpoint_files.read_record(newest).input_pipelines
+    except (tf.errors.OpError, ValueError):
+      recorded = None  # Unreadable: the restore says so and takes another.
+    if recorded:
+      return recorded
+  return cluster.num_pipelines
 
 
 def _refuse_evaluation_flags(config: Config):
