@@ -11,7 +11,9 @@
               the time evaluations add to a run
   startup     the quickstart's time to first step minus `import tensorflow` alone
   workers     2 worker processes x 1 replica (gRPC collectives on 127.0.0.1)
-              against 1 process x 2 replicas, on the same global batch
+              against 1 process x 2 replicas, on the same global batch, and
+              against the hand-written MultiWorkerMirroredStrategy K-step loop and
+              Keras fit on the same 2 workers
   programs    ported Keras programs against the originals (scripts/bench_programs.py):
               keras-io's image classification from a folder of JPEGs, with
               its augmentation in the dataset (the port per example, and on
@@ -53,6 +55,7 @@ TARGETS = {"trainer / keras_fit_records": 1.3, "trainer_tfdata / keras_fit_tfdat
            "eval / keras_evaluate": 1.2, "eval_mode / keras_evaluate": 1.2,
            "eval / train": 1.5, "startup_minus_import_s": 1.0,
            "rows / no rows": 0.98, "records / arrays (plain run)": 0.9,
+           "2 workers / 1 process": 0.9, "2 workers / hand loop": 2.0,
            # Any variant of the programs against the original's Keras fit.
            "* / keras_fit": 1.2}
 # The tf.data task with Keras's element-wise Adam (--fused_optimizer=false), as the
@@ -185,38 +188,83 @@ def startup(quickstart, repeats=3) -> dict:
 
 
 def workers(args, scratch) -> dict:
-  """`python -m trainer.main` as 2 workers x 1 replica against 1 process x 2
-  replicas: the same cnn, synthetic data, global batch and steps."""
+  """trainer as 2 workers x 1 replica (gRPC collectives on 127.0.0.1) against 1
+  process x 2 replicas, and against the peers on the same 2 workers: TensorFlow's
+  own custom-loop recipe (a hand-written MultiWorkerMirroredStrategy K-step loop)
+  and Keras fit (which fails under that strategy: its error is the result). The
+  same cnn, synthetic data, global batch and steps; variants in rounds."""
   steps = args.steps_per_loop * (2 + args.windows)
   flags = ["--model=cnn", "--dataset=synthetic", "--synthetic_shape=28,28,1",
            f"--per_replica_batch_size={args.per_replica_batch_size}",
            f"--steps_per_loop={args.steps_per_loop}", f"--train_steps={steps}",
            "--checkpoint_every=1000000", "--mode=train"]
-  one = os.path.join(scratch, "one_process")
-  two = os.path.join(scratch, "two_workers")
-  runs = {
-      "1 process x 2 replicas": ([sys.executable, "-m", "trainer.main", *flags,
-                                  "--cpu_devices=2", f"--model_dir={one}"], one),
-      "2 workers x 1 replica": ([sys.executable,
-                                 os.path.join(REPO, "scripts", "launch_workers.py"),
-                                 "--num_workers=2", "--", *flags, "--cpu_devices=1",
-                                 f"--model_dir={two}"], two)}
-  results = {}
-  for name, (command, model_dir) in runs.items():
-    process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                             timeout=args.timeout, check=False)
-    try:
-      with open(os.path.join(model_dir, "results.json")) as f:
-        data = json.load(f)
-      results[name] = {"examples_per_second": data["examples_per_second_median"],
-                       "time_to_first_call_s": data["time_to_first_step_s"]}
-    except (OSError, KeyError, ValueError):
-      tail = (process.stderr.strip().splitlines() or ["no output"])[-1]
-      results[name] = {"error": f"exit {process.returncode}: {tail[:300]}"}
-  speeds = [rate(r) for r in results.values()]
-  return {"variants": results,
-          "ratios": {"2 workers / 1 process": ratio(speeds[1], speeds[0])}}
+  runs = {"1 process x 2 replicas": lambda i: _trainer_run(
+              [sys.executable, "-m", "trainer.main", *flags, "--cpu_devices=2"],
+              os.path.join(scratch, f"one-{i}"), args),
+          "2 workers x 1 replica": lambda i: _trainer_run(
+              [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
+               "--num_workers=2", "--", *flags, "--cpu_devices=1"],
+              os.path.join(scratch, f"two-{i}"), args),
+          "hand-written MWMS K-step loop (2 workers)": lambda i: _two_worker_variant(
+              "k_loop", args),
+          "keras_fit (2 workers)": lambda i: _two_worker_variant("keras_fit", args)}
+  counter = iter(range(10**6))
+  variants = interleaved(lambda *, name: runs[name](next(counter)),
+                         max(1, args.repeats), {name: dict(name=name) for name in runs})
+  speed = {name: rate(result) for name, result in variants.items()}
+  two = speed["2 workers x 1 replica"]
+  return {"variants": variants, "ratios": {
+      "2 workers / 1 process": ratio(two, speed["1 process x 2 replicas"]),
+      "2 workers / hand loop": ratio(two, speed[
+          "hand-written MWMS K-step loop (2 workers)"])}}
+
+
+def _trainer_run(command, model_dir, args) -> dict:
+  """A trainer command's speed from its results.json (median of its calls)."""
+  process = subprocess.run([*command, f"--model_dir={model_dir}"], cwd=REPO,
+                           capture_output=True, text=True,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                           timeout=args.timeout, check=False)
+  try:
+    with open(os.path.join(model_dir, "results.json")) as f:
+      data = json.load(f)
+    return {"examples_per_second": data["examples_per_second_median"],
+            "time_to_first_call_s": data["time_to_first_step_s"]}
+  except (OSError, KeyError, ValueError):
+    tail = ((process.stdout + process.stderr).strip().splitlines() or
+            ["no output"])[-1]
+    return {"error": f"exit {process.returncode}: {tail[:300]}"}
+
+
+def _two_worker_variant(variant, args) -> dict:
+  """A scripts/bench_variants.py variant run as both workers of a local
+  MultiWorkerMirroredStrategy cluster; the chief's result."""
+  from trainer.distribute import launcher
+  ports = launcher.free_ports(2)
+  command = [sys.executable, os.path.join(REPO, "scripts", "bench_variants.py"),
+             f"--variant={variant}", "--strategy=multi_worker", "--model=cnn",
+             "--dataset=synthetic", "--replicas=1",
+             f"--per_replica_batch_size={args.per_replica_batch_size}",
+             f"--steps_per_loop={args.steps_per_loop}",
+             f"--steps_per_execution={args.steps_per_loop}",
+             f"--windows={args.windows}"]
+  processes = [subprocess.Popen(
+      command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               TF_CONFIG=launcher.tf_config(ports, index))) for index in range(2)]
+  try:
+    outputs = [p.communicate(timeout=args.timeout)[0] for p in processes]
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {args.timeout} s"}
+  finally:
+    for process in processes:
+      process.kill()
+  lines = [line for line in outputs[0].splitlines()
+           if line.startswith("BENCHMARK_RESULT ")]
+  if lines:
+    return json.loads(lines[-1].split(" ", 1)[1])
+  tail = (outputs[0].strip().splitlines() or ["no output"])[-1]
+  return {"error": f"exit {processes[0].returncode}: {tail[:300]}"}
 
 
 def history(run_variant, args) -> list:

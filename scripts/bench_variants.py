@@ -69,7 +69,10 @@ def variant_config(args, **overrides):
                 mixed_precision=args.mixed_precision, jit_compile=args.jit_compile,
                 summary_every=getattr(args, "summary_every", 0),
                 fused_optimizer=getattr(args, "fused_optimizer", True),
-                sync_batchnorm=getattr(args, "batchnorm", "none") != "per_replica")
+                sync_batchnorm=getattr(args, "batchnorm", "none") != "per_replica",
+                strategy=getattr(args, "strategy", "mirrored"))
+  if values["strategy"] == "multi_worker":  # Config asks for the run's directory.
+    values["model_dir"] = tempfile.mkdtemp(prefix="bench-worker-")
   values.update(overrides)
   data_flags = [f"--dataset={args.dataset}", "--synthetic_shape=28,28,1",
                 f"--synthetic_examples={getattr(args, 'synthetic_examples', 4096)}",
@@ -436,6 +439,10 @@ def main():
   parser.add_argument("--fused_optimizer", default="true", choices=("true", "false"),
                       help="trainer variants: Adam as one fused op per variable "
                       "(the trainer's default) or as Keras's element-wise ops")
+  parser.add_argument("--strategy", default="mirrored",
+                      choices=("mirrored", "multi_worker"),
+                      help="multi_worker: this process is one worker of TF_CONFIG's "
+                      "cluster (one replica); the chief prints the result")
   parser.add_argument("--batchnorm", default="none",
                       choices=("none", "sync", "per_replica"),
                       help="trainer variants: --task.batchnorm, with the global "
@@ -447,6 +454,9 @@ def main():
                       help="TFRecord shards (train-*; test-* beside them)")
   args = parser.parse_args()
   args.global_batch = args.per_replica_batch_size * args.replicas
+  if args.strategy == "multi_worker":  # One replica per worker, on CPUs.
+    args.global_batch = args.per_replica_batch_size * len(
+        json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
   args.fused_optimizer = args.fused_optimizer == "true"
   tf_loader.load_tensorflow()
   runners = {
