@@ -125,3 +125,24 @@ def test_a_checkpoint_deleted_before_it_is_read_is_skipped_in_one_line(
           "read (--keep_checkpoints rotates them); skipped") in out
   assert results["evaluated"]["10"] is None
   assert set(results["evaluated"]) == {"0", "10", "20"}
+
+
+def test_an_older_results_json_does_not_end_the_evaluation_of_a_resumed_run(
+    tmp_path, capsys):
+  """results.json is written as an invocation ends: one that says "completed at
+  step 20" while a resume (flags.txt: --train_steps=40) trains on is no end."""
+  model_dir = str(tmp_path / "run")
+  trainer.train(trainer.Config(mode="train", train_steps=20, checkpoint_every=10,
+                               summaries=False, model_dir=model_dir))
+  flags = os.path.join(model_dir, "flags.txt")
+  with open(flags) as f:
+    text = f.read()
+  with open(flags, "w") as f:  # As the resumed invocation rewrote it at its claim.
+    f.write(text.replace("--train_steps=20", "--train_steps=40"))
+  state = continuous_eval.evaluate_continuously(
+      trainer.Config(mode="continuous_eval", model_dir=model_dir, eval_timeout="1s"),
+      sleep=lambda s: None)
+  out = capsys.readouterr().out
+  assert "continuous_eval: no new checkpoint for --eval_timeout=1s; stopping" in out
+  assert "the run finished" not in out
+  assert set(state["evaluated"]) == {"0", "10", "20"}

@@ -152,3 +152,13 @@ def test_verify_equivalence_strict_refuses_before_writing_anything(tmp_path):
                          "replicas vs 1 device on the first batch: max |dg| ")
   assert "the loss (Task.loss)" in last and "Traceback" not in result.stderr
   assert not model_dir.exists()
+
+
+def test_jit_compile_with_synchronized_batchnorm_is_refused_in_one_line(tmp_path):
+  """XLA cannot compile the all-reduce a synchronized BatchNormalization makes
+  inside the step: a traceback at the first trace, now one line before it."""
+  with pytest.raises(trainer.errors.ConfigError, match=re.escape(
+      "--jit_compile: BatchNormalization synchronized over 2 replicas "
+      "(--sync_batchnorm) all-reduces inside the compiled step, which XLA cannot")):
+    _train(tmp_path / "run", replicas=2, jit_compile=True)
+  assert not (tmp_path / "run").exists()

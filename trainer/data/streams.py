@@ -293,8 +293,9 @@ _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 _CHECKS = ("Assert", "Print", "PrintV2")
 # A shuffle of a dataset's elements: other orders, the same elements...
 _ORDER_ONLY = re.compile(r"^Shuffle(AndRepeat)?Dataset(V\d+)?$")
-# ...unless a part of them is taken after it.
-_PARTS = ("Take", "Skip", "Shard", "Sample", "Window", "Filter")
+# ...unless a part of them is taken after it (a batch may drop its remainder).
+_PARTS = ("Take", "Skip", "Shard", "Sample", "Window", "Filter", "Batch",
+          "ParallelBatch", "PaddedBatch")
 ORDER, ELEMENTS = "order", "elements"
 
 

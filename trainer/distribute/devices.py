@@ -237,7 +237,9 @@ def cluster_resolver(config: DistributeConfig):
     del spec["evaluator"]
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type=resolver.task_type,
-        task_id=resolver.task_id, rpc_layer=resolver.rpc_layer or "grpc")
+        task_id=resolver.task_id, rpc_layer=resolver.rpc_layer or "grpc",
+        # Its GPUs (the resolver's own count would start TensorFlow too early).
+        num_accelerators={"GPU": len(tf.config.get_visible_devices("GPU"))})
   resolvers = tf.distribute.cluster_resolver
   try:
     # Counted here: TF's own count runs nvidia-smi, absent on CPU-only nodes.

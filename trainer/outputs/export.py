@@ -100,8 +100,11 @@ def served_objects(task, functions) -> list:
           if _resource_handles(item) & captured]
 
 
-def _batch_free(spec: tf.TensorSpec) -> tf.TensorSpec:
-  """`spec` with a batch dimension of None: a signature serves any batch."""
+def _batch_free(spec):
+  """`spec` with a batch dimension of None: a signature serves any batch (a
+  spec other than a TensorSpec, ragged or sparse, as it is)."""
+  if type(spec) is not tf.TensorSpec:
+    return spec
   shape = tf.TensorShape(spec.shape)
   if shape.rank:
     shape = tf.TensorShape([None]).concatenate(shape[1:])

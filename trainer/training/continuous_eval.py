@@ -17,9 +17,11 @@ line. It ends (exit 0) once the run's results.json says it finished and its last
 checkpoint is evaluated, or after --eval_timeout without a new checkpoint.
 """
 
+import math
 import os
 import time
 
+from trainer import config as config_lib
 from trainer.config import Config
 from trainer.errors import ExportError, ModelDirError, RunStatus
 from trainer.outputs import export, progress, run_dir
@@ -87,6 +89,11 @@ def evaluate_continuously(config: Config, task: Task = None, *, stop_request=Non
   return evaluator.state
 
 
+def _number(value) -> bool:
+  """Whether `value` is a finite number (a NaN metric, null in JSON, is none)."""
+  return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 class _Evaluator:
   """Evaluates a run's checkpoints one by one, recording each."""
 
@@ -102,6 +109,7 @@ class _Evaluator:
     self._metric, self._goal = evaluation.best_metric(
         built.config, built.task, built.trainer.reported_metrics)
     self._summaries = Summaries(model_dir, enabled=built.config.summaries)
+    self._started = time.time()
     self._directory = os.path.join(model_dir, checkpoint_files.CHECKPOINT_SUBDIR)
 
   @property
@@ -131,9 +139,10 @@ class _Evaluator:
     seconds = time.perf_counter() - start
     name = self._metric.split("/", 1)[1]
     best = self.state["best_eval"]
-    improved = not isinstance(best, dict) or (
-        metrics[name] > best[name] if self._goal == "max" else
-        metrics[name] < best[name])
+    value = metrics.get(name)
+    so_far = best.get(name) if isinstance(best, dict) else None
+    improved = _number(value) and (not _number(so_far) or (
+        value > so_far if self._goal == "max" else value < so_far))
     if improved:
       built.checkpoints.save_best()
       self.state["best_eval"] = dict(metrics, step=step)
@@ -147,14 +156,28 @@ class _Evaluator:
                 f"({metrics['examples']} examples)")
 
   def run_finished(self) -> bool:
-    """Whether the run's results.json says it finished at a step evaluated."""
-    results = run_dir.read_json(os.path.join(self._model_dir,
-                                             run_dir.RESULTS_FILE)) or {}
-    try:
-      finished = RunStatus(results.get("status")).finished
-    except ValueError:
+    """Whether the run ended and every checkpoint on disk is evaluated: its
+    results.json says it finished (a rerun changes nothing: at --train_steps of
+    its flags.txt, or stopped), or its invocation ended (any status) since this
+    evaluator started (a --max_time stop, an interrupt: a later rerun is
+    another run to watch). results.json is only written as an invocation ends:
+    an older one may describe the invocation before a resume that trains on."""
+    newest = max(checkpoint_files.checkpoint_steps(self._directory), default=-1)
+    if newest > self.last_step:
       return False
-    return finished and results.get("global_step") == self.last_step
+    path = os.path.join(self._model_dir, run_dir.RESULTS_FILE)
+    results = run_dir.read_json(path) or {}
+    try:
+      status = RunStatus(results.get("status"))
+      ended_since = os.path.getmtime(path) >= self._started
+    except (ValueError, OSError):
+      return False
+    flags = config_lib.read_flagfile(os.path.join(self._model_dir,
+                                                  run_dir.FLAGS_FILE)) or {}
+    steps = flags.get("train_steps")
+    reached = status != RunStatus.COMPLETED or (
+        str(results.get("global_step")) == str(steps))
+    return ended_since or (status.finished and reached)
 
   def export_best(self):
     """Exports the best checkpoint's weights to MODEL_DIR/export_best."""

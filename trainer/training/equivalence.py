@@ -101,6 +101,12 @@ def _short(value: float) -> str:
                 f"{value:.2g}")
 
 
+def mixed_precision(trainer) -> bool:
+  """Whether the model computes in float16 or bfloat16 (the check's bound is
+  float32's)."""
+  return trainer.model.compute_dtype in ("float16", "bfloat16")
+
+
 def refusal(verdict: Verdict) -> TaskError:
   """The error of --verify_equivalence=strict above the bound."""
   return TaskError(f"--verify_equivalence=strict: {verdict.line()}; nothing was "
@@ -198,10 +204,13 @@ def _culprit(trainer, distributed: dict, single: dict, layers: list) -> str:
 
 def _layer_cause(layer) -> str:
   name = f"layer {layer.name!r} ({type(layer).__name__})"
-  if isinstance(layer, keras.layers.BatchNormalization):
+  if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:
     return (f"{name} normalises each replica's own batch "
             "(--sync_batchnorm=false); with --sync_batchnorm (the default) it uses "
             "the global batch's statistics")
+  if isinstance(layer, keras.layers.BatchNormalization):
+    return (f"{name} is synchronized, yet differs: called with a mask, it "
+            "computes its statistics on each replica's batch")
   return (f"{name} gives the replicas other outputs than one device for the same "
           "examples: it computes over its batch (batch statistics); make it "
           "per-example, or synchronise it over the replicas")

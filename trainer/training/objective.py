@@ -100,6 +100,11 @@ class Objective:
     labels = np.asarray(tf.nest.flatten(labels)[0])
     if labels.ndim > 1 and labels.shape[-1] != 1:
       return  # One-hot (or soft) rows: the argmax is the class.
+    if not (np.issubdtype(labels.dtype, np.number) or labels.dtype == np.bool_):
+      raise ConfigError(f"{self.class_weight_source}: class weights need class "
+                        "labels (integers >= 0, one-hot rows, or soft binary labels "
+                        f"in [0, 1]), but Task.train_data()'s labels are "
+                        f"{labels.dtype} (e.g. {labels.ravel()[0]!r})")
     values = labels.astype(np.float64).ravel()
     soft = values != np.round(values)
     if (values.size and (values.min() < 0 or
@@ -265,9 +270,13 @@ def check_merge(streaming: dict, labels, outputs, weights, *, parts: int = 2):
     TaskError: naming the metric, its variables' aggregation and the two results.
   """
   batch = int(tf.shape(weights)[0])
-  if batch < parts:
+  if batch < 2 * parts:
     return
-  bounds = np.linspace(0, batch, parts + 1).astype(int)
+  # Parts of unequal sizes (a quarter, then the rest): replicas of an evaluation
+  # carry unequal weight (weight-0 padding), which a state merged by "mean" must
+  # survive.
+  bounds = np.array([0, *(batch * (i + 1) // (2 * parts) for i in range(parts - 1)),
+                     batch])
   for name, (metric, key) in streaming.items():
     _check_metric_merge(name, metric, labels, outputs if key is None else
                         outputs[key], weights, bounds)

@@ -65,8 +65,6 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
 
   with user_code("Task.build_metrics' metrics (update_state)"):
     objective.update_streaming(labels, outputs, weights)
-  if replicas > 1:
-    objectives.check_merge(streaming, labels, outputs, weights)
   sums = {name: float(value) for name, value in
           objective.metric_sums(labels, outputs, weights).items()}
   weight, loss_sum = float(tf.reduce_sum(weights)), float(tf.reduce_sum(loss))
@@ -80,6 +78,8 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
       streaming=results)
   for metric, _ in streaming.values():
     metric.reset_state()
+  if replicas > 1:  # After the report: it leaves the metrics reset.
+    objectives.check_merge(streaming, labels, outputs, weights)
   scalars = tuple(name for name, value in reported.items()
                   if not isinstance(value, list))
   return model, objective, tuple(metrics), scalars

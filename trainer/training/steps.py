@@ -73,8 +73,17 @@ def call_checked(loop, *args, lean_graph_passes=False, explain_input_error=None)
     raise
 
 
+# What a peer's loss or the machine causes, wherever the op was (a synchronized
+# BatchNormalization's all-reduce sits in the model): never the user's code.
+_NOT_THE_USERS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                  tf.errors.AbortedError, tf.errors.CancelledError,
+                  tf.errors.ResourceExhaustedError)
+
+
 def _raise_if_user_code(error: tf.errors.OpError):
   """Raises a UserCodeError naming the user's method whose op raised `error`."""
+  if isinstance(error, _NOT_THE_USERS):
+    return
   method = user_ops.blame(error)
   if method is not None:
     raise UserCodeError(method, error) from error

@@ -12,7 +12,7 @@ import tensorflow as tf
 from trainer.config import OptimizationConfig
 from trainer.data import Order, TaskData
 from trainer.distribute.cluster import Cluster
-from trainer.errors import user_code
+from trainer.errors import ConfigError, user_code
 from trainer.tasks import Task
 from trainer.training import (graph_passes, ledger, optimizers, probe,
                               replica_layers, steps)
@@ -148,6 +148,15 @@ class Trainer:
       replica_layers.draw_per_replica(model)
       if sync_batchnorm and strategy.num_replicas_in_sync > 1:
         synchronized = replica_layers.synchronize_batchnorm(model)
+        if optimization.jit_compile and replica_layers.batchnorm_layers(model):
+          # Its all-reduce runs inside the step XLA compiles: a merge_call there
+          # fails at the first trace.
+          raise ConfigError(
+              "--jit_compile: BatchNormalization synchronized over "
+              f"{strategy.num_replicas_in_sync} replicas (--sync_batchnorm) "
+              "all-reduces inside the compiled step, which XLA cannot; use "
+              "--sync_batchnorm=false (each replica's statistics) or leave out "
+              "--jit_compile")
       averaged = replica_layers.unsynchronized_statistics(model)
     gather_input = train_data.gather_input(
         strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,

@@ -21,6 +21,7 @@ from typing import Optional
 import tensorflow as tf
 
 _PREFIX = "user."
+_END = ".end"
 _METHODS = {"loss": "Task.loss", "metrics": "Task.metrics",
             "preprocess": "Task.preprocess"}
 _NODE = re.compile(r"node '?([^\s'}\]]+)")
@@ -30,7 +31,9 @@ def scope(kind: str, name: str = "") -> tf.name_scope:
   """The name scope of one of the user's methods in a loop: `kind` "loss",
   "metrics", "preprocess", "model" (`name`: its class) or "metric" (`name`: the
   streaming metric's name)."""
-  return tf.name_scope(_PREFIX + kind + (f".{name}" if name else ""))
+  # ".end" closes the name: TensorFlow makes a scope unique with "_1", "_2",
+  # which a metric's own name ("top_5") may end with too.
+  return tf.name_scope(_PREFIX + kind + (f".{name}" if name else "") + _END)
 
 
 def blame(error: Exception) -> Optional[str]:
@@ -39,7 +42,7 @@ def blame(error: Exception) -> Optional[str]:
   for node in _NODE.findall(str(error)):
     owners = [part for part in node.split("/") if part.startswith(_PREFIX)]
     if owners:
-      return _method(re.sub(r"_\d+$", "", owners[-1][len(_PREFIX):]))
+      return _method(re.sub(r"\.end(_\d+)?$", "", owners[-1][len(_PREFIX):]))
   return None
 
 
