@@ -23,7 +23,7 @@ import tensorflow as tf
 from trainer.autograph import graph_code
 from trainer.data import gather
 from trainer.data.arrays import ArrayData
-from trainer.data.streams import dataset_ops
+from trainer.data.dataset_graph import dataset_ops
 
 _CHUNK = 1024  # Examples preprocessed per call.
 # Ops of work that must happen on every read: random draws, state updates, Python.

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from trainer.data import arrays, gather, record_files, streams
+from trainer.data import arrays, dataset_graph, gather, record_files, streams
 from trainer.data.shards import Shard
 from trainer.errors import DataError
 
@@ -161,7 +161,7 @@ class TFRecords(streams.PerPipeline):
     the order `pipeline_examples` reads it), or None where the largest
     pipeline's would not fit (gather.MAX_GATHER_BYTES: every worker takes the
     same path) or hold text, where `parse` may give other values on a second
-    read (streams.varies_between_reads: random augmentation), where records
+    read (dataset_graph.varies_between_reads: random augmentation), where records
     are sharded by record, where a worker has several replicas, where the order
     is defined over more shards than pipelines (streams.exact_shards), or for an
     eval split of several pipelines (padded to the same count on every worker).
@@ -177,7 +177,7 @@ class TFRecords(streams.PerPipeline):
         or (cluster.num_pipelines > 1 and (order is None or
                                            cluster.local_replicas > 1))
         or not gather.fits_in_memory(self.element_spec, largest) or
-        streams.varies_between_reads(self._parsed(self.paths[:1]))):
+        dataset_graph.varies_between_reads(self._parsed(self.paths[:1]))):
       return None
     if order is None:
       return gather.EvalGather(
