@@ -7,7 +7,7 @@
 Each configuration is one `python -m trainer.main` run of the benchmark's config
 (scripts/bench_variants.py: Adam, 32 examples per replica, K=20) with
 --profile_steps over three loop
-calls after warm-up; the run reads its own trace (trainer.training.profile) and this
+calls after warm-up; the run reads its own trace (trainer.outputs.profile) and this
 script tabulates, per step: the wall time inside train_loop calls, the op time of
 each part of the step (self times, summed over threads, so replicas that run side
 by side can add up to more than the wall time), the executor's dispatch time, the
@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from bench_variants import variant_config  # This directory: the benchmark's set-up.
-from trainer.training.profile import CATEGORIES
+from trainer.outputs.profile import CATEGORIES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILED = (101, 160)  # Steps: three loop calls of K=20, well after tracing.

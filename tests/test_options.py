@@ -226,7 +226,7 @@ def _step_markers(trace) -> list:
   """The step numbers of the trace's step markers (profile.STEP_MARKER)."""
   from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-  from trainer.training import profile
+  from trainer.outputs import profile
   space = xplane_pb2.XSpace()
   with open(trace, "rb") as f:
     space.ParseFromString(f.read())
@@ -245,7 +245,7 @@ def test_a_trace_that_cannot_be_read_does_not_fail_the_run(model_dir, capsys,
                                                           monkeypatch):
   from google.protobuf.message import DecodeError
 
-  from trainer.training import profile
+  from trainer.outputs import profile
 
   def corrupt(*unused_args, **unused_kwargs):
     raise DecodeError("Error parsing message")

@@ -1,10 +1,10 @@
-"""trainer.training.profile: a trace's ops attributed to the parts of a step."""
+"""trainer.outputs.profile: a trace's ops attributed to the parts of a step."""
 
 import pytest
 from google.protobuf.message import DecodeError
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from trainer.training import profile
+from trainer.outputs import profile
 
 
 @pytest.mark.parametrize("event, part", [

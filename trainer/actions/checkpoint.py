@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from trainer.actions.base import Action, LoopCall, due, next_multiple
-from trainer.training import profile
+from trainer.outputs import profile
 
 
 class Checkpoint(Action):

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from trainer.actions.base import Action, LoopCall, Stop, due, next_multiple
 from trainer.errors import RunStatus
-from trainer.training import profile
+from trainer.outputs import profile
 
 
 class Evaluate(Action):

@@ -1,12 +1,12 @@
 """--on_nan: a non-finite loss or gradient stops the run with a replayable report
 (exit 3), or rolls back to the last checkpoint at half the learning rate."""
 
-import os
+from typing import Callable
 
 from trainer.actions.base import Action, LoopCall
 from trainer.errors import DivergedError, ModelDirError, RunStatus
-from trainer.outputs import run_dir
-from trainer.training import divergence
+from trainer.outputs import rollbacks
+from trainer.outputs.run_dir import DIVERGENCE_FILE
 
 MAX_ROLLBACKS = 3
 ROLLED_BACK = "rolled_back"  # The outcome after a rollback: restart the input.
@@ -21,31 +21,30 @@ class NanPolicy(Action):
   (the checkpoint restored by a rollback predates it).
   """
 
-  def __init__(self, *, on_nan: str, trainer, train_data, checkpoints, results,
-               console, model_dir: str, on_replayed_step=None):
+  def __init__(self, *, on_nan: str, trainer, checkpoints, results, console,
+               model_dir: str, find_divergence: Callable[[int], dict]):
     """Reads the rollbacks so far.
 
     Args:
       on_nan: "stop" or "rollback".
       trainer: what trains.
-      train_data: its training data (a divergence replays its steps).
       checkpoints: the run's Checkpoints.
       results: the run's results.json.
       console: where the rollback and divergence lines go.
       model_dir: the run directory.
-      on_replayed_step: called after each step a divergence replay takes (the
-        watchdog's `progressed`: a long replay is not a hang).
+      find_divergence: replays the steps after the last checkpoint up to the
+        given step and returns the report of the first non-finite one, which the
+        chief wrote to DIVERGENCE_FILE (training/divergence.py; every worker
+        calls it, since the replayed steps are collective).
     """
     self._on_nan = on_nan
     self._trainer = trainer
-    self._train_data = train_data
     self._checkpoints = checkpoints
     self._results = results
     self._console = console
     self._model_dir = model_dir
-    self._on_replayed_step = on_replayed_step
-    self._path = os.path.join(model_dir, divergence.ROLLBACKS_FILE)
-    self.rollbacks, self.multiplier = divergence.saved_rollbacks(model_dir)
+    self._find_divergence = find_divergence
+    self.rollbacks, self.multiplier = rollbacks.saved(model_dir)
 
   def apply_learning_rate(self):
     """Sets the optimizer's rate to the flag's times the rollbacks' multiplier
@@ -65,11 +64,8 @@ class NanPolicy(Action):
       return None
     if self._on_nan == "rollback" and self.rollbacks < MAX_ROLLBACKS:
       return self._roll_back(call)
-    trainer = self._trainer
-    report = divergence.find_divergence(
-        trainer, self._train_data, self._checkpoints, model_dir=self._model_dir,
-        until=call.step, on_step=self._on_replayed_step)
-    self._results.data["divergence"] = divergence.DIVERGENCE_FILE
+    report = self._find_divergence(call.step)
+    self._results.data["divergence"] = DIVERGENCE_FILE
     self._results.finish(RunStatus.DIVERGED, step=call.step)
     where = (f"step {report['step']}" if not report["finite"] else
              f"a step of {report['checkpoint_step'] + 1} to {call.step}")
@@ -78,7 +74,7 @@ class NanPolicy(Action):
         f"non-finite loss or gradients at {where} (loss {report['loss']}, gradient "
         f"norm {report['gradient_norm']}"
         + (f", first non-finite gradient {layer}" if layer else "")
-        + f"); the last good checkpoint is kept. {divergence.DIVERGENCE_FILE} "
+        + f"); the last good checkpoint is kept. {DIVERGENCE_FILE} "
         f"says more; replay it with: {report['replay']}. Lower --learning_rate or "
         "use --on_nan=rollback")
 
@@ -90,9 +86,8 @@ class NanPolicy(Action):
     self.rollbacks += 1
     self.multiplier *= 0.5
     if trainer.cluster.is_chief:
-      run_dir.write_json(self._path, {"rollbacks": self.rollbacks,
-                                      "lr_multiplier": self.multiplier,
-                                      "step": restored})
+      rollbacks.save(self._model_dir, rollbacks=self.rollbacks,
+                     multiplier=self.multiplier, step=restored)
     if trainer.base_learning_rate is None:
       rate = "the task's learning-rate schedule is left as it is"
     else:

@@ -2,7 +2,7 @@
 A to B (loop calls end at A - 1 and B), under MODEL_DIR/train. Each loop call
 carries a step marker (see Controller): the Profile tab's Overview page shows
 each call as a step (with --steps_per_loop=1, each step). When the window is
-complete, where a step's time went (training.profile) goes to results.json
+complete, where a step's time went (outputs.profile) goes to results.json
 ("profile") and to one line."""
 
 import os
@@ -10,7 +10,7 @@ import os
 import tensorflow as tf
 
 from trainer.actions.base import Action, LoopCall
-from trainer.training import profile
+from trainer.outputs import profile
 
 
 class Profiler(Action):

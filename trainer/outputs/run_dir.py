@@ -13,6 +13,8 @@ from trainer.errors import LockedError, ModelDirError
 LOCK_FILE = ".lock"
 FLAGS_FILE = "flags.txt"
 RESULTS_FILE = "results.json"
+# A diverged run's report (training/divergence.py).
+DIVERGENCE_FILE = "divergence.json"
 
 
 def write_atomic(path: str, text: str):

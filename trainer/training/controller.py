@@ -17,7 +17,8 @@ import tensorflow as tf
 from trainer.actions.base import STOP_PRIORITY, LoopCall, Stop
 from trainer.actions.nan_policy import ROLLED_BACK
 from trainer.errors import RunStatus
-from trainer.training import profile, steps
+from trainer.outputs import profile
+from trainer.training import steps
 from trainer.training.watchdog import LOOP_CALL, HangWatchdog
 
 _AUTO_TARGET_SECONDS = 1.0  # --steps_per_loop=0: aim for loop calls this long.

@@ -22,27 +22,11 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.errors import ModelDirError
-from trainer.outputs import run_dir
+from trainer.outputs import rollbacks, run_dir
+from trainer.outputs.run_dir import DIVERGENCE_FILE
 from trainer.training import graph_passes
 from trainer.training.checkpoint_files import (CHECKPOINT_SUBDIR, checkpoint_steps,
                                                path_of)
-
-DIVERGENCE_FILE = "divergence.json"
-ROLLBACKS_FILE = "rollbacks.json"  # --on_nan=rollback's count and rate multiplier.
-
-
-def saved_rollbacks(model_dir: str) -> tuple:
-  """(rollbacks so far, learning-rate multiplier) of a run, from its
-  rollbacks.json; (0, 1.0) when it has none or it is unreadable."""
-  saved = run_dir.read_json(os.path.join(model_dir, ROLLBACKS_FILE))
-  saved = saved if isinstance(saved, dict) else {}
-  return (_count(saved.get("rollbacks"), int, 0),
-          _count(saved.get("lr_multiplier"), float, 1.0))
-
-
-def _count(value, kind, default):
-  return kind(value) if isinstance(value, (int, float)) and value >= 0 else default
-
 
 def _number(value):
   """A float for JSON: finite ones as they are, others as "nan", "inf", "-inf"."""
@@ -239,7 +223,7 @@ def replay_run(model_dir: str, step: int, *, dump: str = None,
         "steps: rerun the cluster from the checkpoint before the step instead")
   # The rate the run trained with after its last --on_nan=rollback (steps before
   # that rollback's checkpoint were trained at a higher one and discarded).
-  _, multiplier = saved_rollbacks(model_dir)
+  _, multiplier = rollbacks.saved(model_dir)
   try:
     report, outputs = replay_to(trainer, built.train_data, built.checkpoints,
                                 model_dir=model_dir, step=step,

@@ -38,8 +38,9 @@ from trainer.outputs import export, run_dir
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries, markdown_flags
 from trainer.tasks import Task
-from trainer.training import (announce, continuous_eval, equivalence, evaluation,
-                              optimizers, peers, replica_layers, resume, setup)
+from trainer.training import (announce, continuous_eval, divergence, equivalence,
+                              evaluation, optimizers, peers, replica_layers, resume,
+                              setup)
 from trainer.training.checkpoint_files import find_checkpoint, warm_start
 from trainer.training.controller import Controller
 from trainer.training.watchdog import HangWatchdog
@@ -176,11 +177,12 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                                        if ended == RunStatus.COMPLETED else "")
                   + "; nothing to train, nothing changed")
       return results.previous
-    nan_policy = NanPolicy(on_nan=config.on_nan, trainer=trainer,
-                           train_data=train_data, checkpoints=checkpoints,
-                           results=results, console=console,
-                           model_dir=config.model_dir,
-                           on_replayed_step=watchdog.progressed)
+    nan_policy = NanPolicy(
+        on_nan=config.on_nan, trainer=trainer, checkpoints=checkpoints,
+        results=results, console=console, model_dir=config.model_dir,
+        find_divergence=lambda until: divergence.find_divergence(
+            trainer, train_data, checkpoints, model_dir=config.model_dir,
+            until=until, on_step=watchdog.progressed))  # A replay is no hang.
     nan_policy.apply_learning_rate()
     console.say(announce.start_line(
         model_dir=config.model_dir, task=config.task, trainer=trainer,

@@ -10,14 +10,15 @@ them once (`batch_reduce_to`, SUM, which equals single-device gradients because
 the loss is averaged over the global batch), sums duplicate rows of sparse ones,
 takes their global norm, clips, sets the scheduled rate and applies them. The
 parts of a step run in name scopes that a profiler trace is broken down by
-(trainer.training.profile).
+(trainer.outputs.profile).
 """
 
 import dataclasses
 
 import tensorflow as tf
 
-from trainer.training import profile, replica_layers, user_ops
+from trainer.outputs import profile
+from trainer.training import replica_layers, user_ops
 from trainer.training.objective import Objective
 from trainer.training.steps import check_batch, float32_outputs, loss_scale
 
