@@ -33,9 +33,11 @@ class NanPolicy(Action):
       console: where the rollback and divergence lines go.
       model_dir: the run directory.
       find_divergence: replays the steps after the last checkpoint up to the
-        given step and returns the report of the first non-finite one, which the
-        chief wrote to DIVERGENCE_FILE (training/divergence.py; every worker
-        calls it, since the replayed steps are collective).
+        given step and returns the report of the first non-finite one (or of
+        that step, with "finite" true and a note, when the replay stays
+        finite), which the chief wrote to DIVERGENCE_FILE
+        (training/divergence.py; every worker calls it, since the replayed
+        steps are collective).
     """
     self._on_nan = on_nan
     self._trainer = trainer

@@ -28,7 +28,7 @@ import glob
 import os
 import statistics
 
-# Name scopes of a train step (trainer.training.steps), in the order they run.
+# Name scopes of a train step (trainer.training.train_loop), in the order they run.
 INPUT = "step_input"
 FORWARD_BACKWARD = "step_forward_backward"
 ALL_REDUCE = "step_all_reduce"

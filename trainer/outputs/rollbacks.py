@@ -22,7 +22,14 @@ def saved(model_dir: str) -> tuple:
 
 
 def save(model_dir: str, *, rollbacks: int, multiplier: float, step: int):
-  """Records a rollback to the checkpoint of `step` (atomically)."""
+  """Records a rollback (atomically).
+
+  Args:
+    model_dir: the run directory.
+    rollbacks: the run's rollbacks, this one included.
+    multiplier: the learning-rate multiplier they leave.
+    step: the step of the checkpoint this rollback restored.
+  """
   run_dir.write_json(os.path.join(model_dir, ROLLBACKS_FILE),
                      {"rollbacks": rollbacks, "lr_multiplier": multiplier,
                       "step": step})
