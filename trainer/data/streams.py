@@ -48,15 +48,20 @@ def shuffle_buffer(element_spec, buffer: int) -> int:
 
 def stream_batches(dataset: tf.data.Dataset, order: base.Order, *, shuffle_seed: int,
                    batch_size: int, position: int,
-                   buffer: Optional[int] = None) -> tf.data.Dataset:
+                   element_spec=None) -> tf.data.Dataset:
   """The endless batches of a stream of examples, from example `position` on:
-  repeated, then shuffled with a seeded buffer of `buffer` elements (default
-  --shuffle_buffer's), then batched. The buffer fills once, at the start: a
-  shuffle before the repeat refills it at every epoch, and training waits while
-  it reads that many elements (decoding images, say) before the epoch's first."""
+  repeated, then shuffled with a seeded buffer of --shuffle_buffer elements (at
+  most MAX_SHUFFLE_BYTES of `element_spec`'s: default, the dataset's own; ids
+  that stand for held elements pass theirs, so both orders agree), then
+  batched. The buffer fills once, at the start: a shuffle before the repeat
+  refills it at every epoch, and training waits while it reads that many
+  elements (decoding images, say) before the epoch's first."""
+  if element_spec is None:
+    element_spec = dataset.element_spec
   dataset = dataset.repeat()
   if order.shuffle:
-    dataset = dataset.shuffle(buffer or order.buffer, seed=shuffle_seed)
+    dataset = dataset.shuffle(shuffle_buffer(element_spec, order.buffer),
+                              seed=shuffle_seed)
   return dataset.skip(position).batch(batch_size, drop_remainder=True)
 
 
@@ -223,8 +228,7 @@ class StreamData(base.TaskData):
   def _batches(self, order: base.Order, *, start_step: int) -> tf.data.Dataset:
     return stream_batches(self.dataset, order, shuffle_seed=order.seed,
                           batch_size=order.global_batch_size,
-                          position=start_step * order.global_batch_size,
-                          buffer=shuffle_buffer(self.element_spec, order.buffer))
+                          position=start_step * order.global_batch_size)
 
   def train_input(self, strategy, cluster, order, *, start_step, preprocess):
     del cluster
@@ -275,8 +279,7 @@ class StreamData(base.TaskData):
           tf.data.Dataset.range(count), order, shuffle_seed=order.seed,
           batch_size=order.global_batch_size,
           position=start_step * order.global_batch_size,
-          buffer=shuffle_buffer(self.element_spec, order.buffer)
-      ).prefetch(tf.data.AUTOTUNE)
+          element_spec=self.element_spec).prefetch(tf.data.AUTOTUNE)
 
     return gather.StreamedIdsGather(strategy=strategy, data=held,
                                     per_replica_batch_size=per_replica_batch_size,
@@ -322,11 +325,9 @@ class PipelineData(PerPipeline):
     return self._counts[key]
 
   def pipeline_batches(self, context, order, *, batch_size, position):
-    dataset = self.build(context)
-    return stream_batches(dataset, order,
+    return stream_batches(self.build(context), order,
                           shuffle_seed=pipeline_seed(order, context.input_pipeline_id),
-                          batch_size=batch_size, position=position,
-                          buffer=shuffle_buffer(dataset.element_spec, order.buffer))
+                          batch_size=batch_size, position=position)
 
   def pipeline_examples(self, context):
     return self.build(context)
