@@ -17,6 +17,7 @@ from trainer.actions.profiler import Profiler
 from trainer.actions.report import Report
 from trainer.actions.user import ActionContext, UserAction, action_name
 from trainer.errors import ReplicaBatchError, RunStatus, UserCodeError
+from trainer.outputs.results import improves
 from trainer.training.controller import Controller
 from trainer.training.ledger import ReplicaLedger
 from trainer.training.record import RunRecord
@@ -151,6 +152,20 @@ def test_evaluate_runs_on_its_schedule_keeps_the_best_and_stops_early():
                       best_metric=("eval/loss", "min"), every=10, train_steps=100,
                       enabled=False, patience=0, min_delta=0.0)
   assert disabled.next_stop(0) is None and disabled(_call(10)) is None
+
+
+def test_the_best_evaluation_is_never_a_nan_and_a_nan_best_is_beaten():
+  """One rule for in-process evaluation (Results.record_eval) and the evaluator
+  (continuous_eval): a NaN first evaluation used to become the best, and no later
+  one could beat it (every comparison with NaN is false)."""
+  assert improves(0.5, None, "min") and improves(0.5, None, "max")
+  assert improves(0.3, 0.4, "min") and not improves(0.5, 0.4, "min")
+  assert improves(0.5, 0.4, "max") and not improves(0.3, 0.4, "max")
+  assert not improves(0.4, 0.4, "min") and not improves(0.4, 0.4, "max")
+  assert not improves(float("nan"), None, "min")
+  assert not improves(float("nan"), 0.4, "max") and not improves(None, 0.4, "max")
+  assert improves(0.9, float("nan"), "min") and improves(0.1, float("nan"), "max")
+  assert improves(3, 4, "min")  # Integer metrics (a count) too.
 
 
 def test_signals_and_the_time_limit_ask_to_stop():

@@ -1,5 +1,6 @@
 """MODEL_DIR/results.json: what a run did, written by the chief at every exit."""
 
+import math
 import os
 import platform
 import statistics
@@ -17,6 +18,24 @@ from trainer.outputs.process_stats import peak_rss_mib, seconds_since_process_st
 _MEASURED = ("train", "eval", "time_to_first_step_s", "steps_per_second",
              "examples_per_second", "examples_per_second_median", "timed_loop_calls",
              "export_dir", "eval_seconds", "eval_examples_per_second")
+
+
+def improves(value, best, goal: str) -> bool:
+  """Whether an evaluation's --best_metric `value` beats `best`, the best so far
+  (None where there is none yet), under `goal` ("max" or "min"). A value that is
+  not a finite number (NaN) is never the best, and any finite one beats a best
+  that is not (an older run's NaN).
+
+  >>> improves(0.5, None, "min"), improves(0.5, 0.4, "min"), improves(0.5, 0.4, "max")
+  (True, False, True)
+  """
+  if not _finite(value):
+    return False
+  return not _finite(best) or (value > best if goal == "max" else value < best)
+
+
+def _finite(value) -> bool:
+  return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 class Results:
@@ -98,11 +117,9 @@ class Results:
                                                                         1e-9)
     record = self._checkpoints.record
     best = record.best_eval
-    value = metrics[self._best_name]
-    if (not isinstance(best, dict) or
-        not isinstance(best.get(self._best_name), (int, float)) or
-        (value > best[self._best_name] if self._best_goal == "max"
-         else value < best[self._best_name])):
+    if improves(metrics[self._best_name],
+                best.get(self._best_name) if isinstance(best, dict) else None,
+                self._best_goal):
       record.best_eval = dict(metrics, step=step)
       return True
     return False

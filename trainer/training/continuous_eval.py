@@ -17,14 +17,13 @@ line. It ends (exit 0) once the run's results.json says it finished and its last
 checkpoint is evaluated, or after --eval_timeout without a new checkpoint.
 """
 
-import math
 import os
 import time
 
 from trainer import config as config_lib
 from trainer.config import Config
 from trainer.errors import ExportError, ModelDirError, RunStatus
-from trainer.outputs import export, progress, run_dir
+from trainer.outputs import export, progress, results, run_dir
 from trainer.outputs.summaries import Summaries
 from trainer.tasks import Task
 from trainer.training import checkpoint_files, evaluation
@@ -89,11 +88,6 @@ def evaluate_continuously(config: Config, task: Task = None, *, stop_request=Non
   return evaluator.state
 
 
-def _number(value) -> bool:
-  """Whether `value` is a finite number (a NaN metric, null in JSON, is none)."""
-  return isinstance(value, (int, float)) and math.isfinite(value)
-
-
 class _Evaluator:
   """Evaluates a run's checkpoints one by one, recording each."""
 
@@ -139,11 +133,9 @@ class _Evaluator:
     seconds = time.perf_counter() - start
     name = self._metric.split("/", 1)[1]
     best = self.state["best_eval"]
-    value = metrics.get(name)
-    so_far = best.get(name) if isinstance(best, dict) else None
-    improved = _number(value) and (not _number(so_far) or (
-        value > so_far if self._goal == "max" else value < so_far))
-    if improved:
+    if results.improves(metrics.get(name),
+                        best.get(name) if isinstance(best, dict) else None,
+                        self._goal):
       built.checkpoints.save_best()
       self.state["best_eval"] = dict(metrics, step=step)
     self.state["evaluated"][str(step)] = metrics
@@ -166,9 +158,9 @@ class _Evaluator:
     if newest > self.last_step:
       return False
     path = os.path.join(self._model_dir, run_dir.RESULTS_FILE)
-    results = run_dir.read_json(path) or {}
+    ended = run_dir.read_json(path) or {}
     try:
-      status = RunStatus(results.get("status"))
+      status = RunStatus(ended.get("status"))
       ended_since = os.path.getmtime(path) >= self._started
     except (ValueError, OSError):
       return False
@@ -176,7 +168,7 @@ class _Evaluator:
                                                   run_dir.FLAGS_FILE)) or {}
     steps = flags.get("train_steps")
     reached = status != RunStatus.COMPLETED or (
-        str(results.get("global_step")) == str(steps))
+        str(ended.get("global_step")) == str(steps))
     return ended_since or (status.finished and reached)
 
   def export_best(self):
