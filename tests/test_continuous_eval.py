@@ -65,7 +65,9 @@ def test_an_evaluator_beside_two_workers_evaluates_every_checkpoint_once(tmp_pat
   best = max(evaluations, key=lambda s: evaluations[s]["accuracy"])
   assert checkpoint_files.checkpoint_steps(
       os.path.join(model_dir, "checkpoints", "best")) == [best]
-  assert os.path.exists(os.path.join(model_dir, "export_best", "saved_model.pb"))
+  # What in-process evaluation exports: the SavedModel and model.keras.
+  for name in ("saved_model.pb", "model.keras"):
+    assert os.path.exists(os.path.join(model_dir, "export_best", name)), name
   assert os.listdir(os.path.join(model_dir, "eval"))  # Its summaries.
 
 

@@ -172,16 +172,17 @@ class _Evaluator:
     return ended_since or (status.finished and reached)
 
   def export_best(self):
-    """Exports the best checkpoint's weights to MODEL_DIR/export_best."""
+    """Exports the best checkpoint's weights to MODEL_DIR/export_best, as
+    in-process evaluation does (the SavedModel and model.keras)."""
     best = self._built.checkpoints.best_path()
     if best is None:
       return
-    built = self._built
     directory = os.path.join(self._model_dir, "export_best")
     try:
-      with built.trainer.best_weights(best), built.trainer.evaluated_weights():
-        export.export_saved_model(built.trainer.model, built.task, directory,
-                                  feature_spec=built.train_data.feature_spec)
+      not_written = evaluation.export_best(self._built, best, directory)
+      if not_written:
+        self._built.console.say(f"export {directory}: {not_written}; the "
+                                "SavedModel is written")
     except export.ExportFailure as e:
       raise ExportError(f"export to {directory} failed ({e}); the evaluations "
                         f"are in {self._path}: fix the cause and rerun to export"

@@ -8,13 +8,15 @@ cannot write (another account's run): the evaluation is then printed only.
 
 import os
 import time
+from typing import Optional
 
 from trainer.config import Config
 from trainer import tasks
 from trainer.errors import ConfigError, ModelDirError, RunStatus
-from trainer.outputs import progress, run_dir
+from trainer.outputs import export, progress, run_dir
 from trainer.outputs.summaries import Summaries
 from trainer.tasks import Task
+from trainer.training import replica_layers
 from trainer.training.open_run import open_run
 
 EVAL_RESULTS_FILE = "eval_results.json"
@@ -31,6 +33,32 @@ def best_metric(config: Config, task: Task, reported) -> tuple:
     raise ConfigError(f"--best_metric={metric}: task {config.task} reports "
                       f"{', '.join('eval/' + n for n in reported)}")
   return metric, config.best_goal or tasks.metric_goal(type(task), metric)
+
+
+def export_best(built, best: str, directory: str, *,
+                keras_model: bool = True) -> Optional[str]:
+  """Exports the weights of checkpoint `best` (the best evaluation's; the moving
+  averages with --eval_with_ema) to `directory`: the SavedModel and, with
+  `keras_model`, model.keras of the model as the task built it.
+
+  Args:
+    built: the run as setup.build (or open_run) built it.
+    best: the best checkpoint's path (Checkpoints.best_path).
+    directory: where to export, e.g. MODEL_DIR/export_best.
+    keras_model: also write model.keras.
+
+  Returns:
+    None, or why model.keras is not written (one line; the SavedModel is).
+
+  Raises:
+    export.ExportFailure: the SavedModel could not be written.
+  """
+  trainer = built.trainer
+  with replica_layers.as_built(trainer.synchronized_layers), \
+      trainer.best_weights(best), trainer.evaluated_weights():
+    export.export_saved_model(trainer.model, built.task, directory,
+                              feature_spec=built.train_data.feature_spec)
+    return export.save_keras_model(trainer.model, directory) if keras_model else None
 
 
 def evaluate_run(config: Config, task: Task = None) -> dict:

@@ -400,12 +400,7 @@ def _export(built, results: Results, export_dir: str):
             if built.config.mode == "train_and_eval" else None)
     if best:
       best_dir = os.path.join(built.config.model_dir, "export_best")
-      with replica_layers.as_built(trainer.synchronized_layers), \
-          trainer.best_weights(best), trainer.evaluated_weights():
-        export.export_saved_model(trainer.model, built.task, best_dir,
-                                  feature_spec=feature_spec)
-        if not not_written:
-          export.save_keras_model(trainer.model, best_dir)
+      evaluation.export_best(built, best, best_dir, keras_model=not not_written)
       results.data["export_best_dir"] = best_dir
   except export.ExportFailure as e:
     if no_space(e.__cause__):
