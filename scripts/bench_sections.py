@@ -63,6 +63,26 @@ TARGETS = {"trainer / keras_fit_records": 1.3, "trainer_tfdata / keras_fit_tfdat
 UNFUSED = "trainer_tfdata (Keras's Adam ops)"
 
 
+def process_result(output: str, returncode: int, errors: str) -> dict:
+  """The dict of a benchmark process's last `BENCHMARK_RESULT {json}` line in
+  `output`; without one, {"error": its exit code and the last line of `errors`}."""
+  lines = [line for line in output.splitlines()
+           if line.startswith("BENCHMARK_RESULT ")]
+  if lines:
+    return json.loads(lines[-1].split(" ", 1)[1])
+  tail = (errors.strip().splitlines() or ["no output"])[-1]
+  return {"error": f"exit {returncode}: {tail[:300]}"}
+
+
+def run_process(command, timeout: float) -> dict:
+  """Runs a benchmark process (scripts/bench_variants.py, bench_programs.py) in
+  the repository, TensorFlow's C++ logs quiet: its result (process_result)."""
+  process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                           timeout=timeout, check=False)
+  return process_result(process.stdout, process.returncode, process.stderr)
+
+
 def rate(result):
   """A variant's examples/s, or None (it failed or measured nothing)."""
   value = result.get("examples_per_second")
@@ -259,12 +279,7 @@ def _two_worker_variant(variant, args) -> dict:
   finally:
     for process in processes:
       process.kill()
-  lines = [line for line in outputs[0].splitlines()
-           if line.startswith("BENCHMARK_RESULT ")]
-  if lines:
-    return json.loads(lines[-1].split(" ", 1)[1])
-  tail = (outputs[0].strip().splitlines() or ["no output"])[-1]
-  return {"error": f"exit {processes[0].returncode}: {tail[:300]}"}
+  return process_result(outputs[0], processes[0].returncode, outputs[0])
 
 
 def history(run_variant, args) -> list:
@@ -301,18 +316,11 @@ def batchnorm(run_variant, args) -> dict:
 
 def run_program(args, *, program, variant, **options) -> dict:
   """One scripts/bench_programs.py process: its result (with "error" on failure)."""
-  command = [sys.executable, os.path.join(REPO, "scripts", "bench_programs.py"),
-             f"--program={program}", f"--variant={variant}",
-             *[f"--{name}={value}" for name, value in options.items()]]
-  process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                           timeout=args.timeout, check=False)
-  lines = [line for line in process.stdout.splitlines()
-           if line.startswith("BENCHMARK_RESULT ")]
-  if lines:
-    return json.loads(lines[-1].split(" ", 1)[1])
-  tail = (process.stderr.strip().splitlines() or ["no output"])[-1]
-  return {"error": f"exit {process.returncode}: {tail[:300]}"}
+  script = os.path.join(REPO, "scripts", "bench_programs.py")
+  return run_process([sys.executable, script, f"--program={program}",
+                      f"--variant={variant}",
+                      *[f"--{name}={value}" for name, value in options.items()]],
+                     args.timeout)
 
 
 def programs(args, scratch) -> list:

@@ -77,16 +77,9 @@ def run_variant(variant, *, model, dataset, replicas, args, extra=()):
              f"--steps_per_loop={args.steps_per_loop}", f"--windows={args.windows}",
              *extra]
   start = time.monotonic()
-  process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                           timeout=args.timeout, check=False)
-  lines = [line for line in process.stdout.splitlines()
-           if line.startswith("BENCHMARK_RESULT ")]
-  if lines:
-    result = json.loads(lines[-1].split(" ", 1)[1])
-  else:
-    tail = (process.stderr.strip().splitlines() or ["no output"])[-1]
-    result = {"variant": variant, "error": f"exit {process.returncode}: {tail[:300]}"}
+  result = bench_sections.run_process(command, args.timeout)
+  if "error" in result:
+    result = {"variant": variant, **result}
   result["process_seconds"] = round(time.monotonic() - start, 1)
   return result
 
