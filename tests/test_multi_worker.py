@@ -162,11 +162,16 @@ def test_killed_worker_stops_cluster_and_relaunch_resumes(reference_run, tmp_pat
   result = launch(model_dir, "--mode=train_and_eval", tmpdir=tmp_path)
   assert result.returncode == 0, result.stdout[-3000:]
   assert re.search(r"resuming at step [1-9]\d*", result.stdout)
+  _assert_same_model(model_dir, reference_dir)
+
+
+
+def _assert_same_model(model_dir, reference_dir):
+  """The model weights of two runs' latest checkpoints are equal, bit for bit."""
   resumed = checkpoint_values(os.path.join(model_dir, "checkpoints"))
   reference = checkpoint_values(os.path.join(reference_dir, "checkpoints"))
   for key in [k for k in reference if k.startswith("model/")]:
     np.testing.assert_array_equal(resumed[key], reference[key], err_msg=key)
-
 
 
 def test_stopped_worker_is_a_hang_the_launcher_names_and_a_relaunch_resumes(tmp_path):
@@ -416,7 +421,4 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_resumes(
   relaunched = launch(model_dir, "--mode=train_and_eval", tmpdir=tmp_path)
   assert relaunched.returncode == 0, relaunched.stdout[-3000:]
   assert re.search(rf"resuming at step {step}\b", relaunched.stdout)
-  resumed = checkpoint_values(os.path.join(model_dir, "checkpoints"))
-  reference = checkpoint_values(os.path.join(reference_dir, "checkpoints"))
-  for key in [k for k in reference if k.startswith("model/")]:
-    np.testing.assert_array_equal(resumed[key], reference[key], err_msg=key)
+  _assert_same_model(model_dir, reference_dir)

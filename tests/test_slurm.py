@@ -148,14 +148,21 @@ def test_cancelled_batch_job_resumes_on_resubmission(slurm, tmp_path):
   output = str(tmp_path / "job-2.out")
   job = slurm.submit(script, train_steps, f"--model_dir={model_dir}",
                      options=[f"--output={output}"], cwd=REPO, env=env)
+  _resumes_as_uninterrupted(slurm, job, output, model_dir, step, tmp_path)
+
+
+def _resumes_as_uninterrupted(slurm, job, output, model_dir, step, tmp_path):
+  """Waits for the job that resumes the run stopped at `step` to complete, then
+  asserts it resumed there and ended, at step + 20, bit for bit where an
+  uninterrupted srun of that many steps ends."""
   assert slurm.wait_until_done(job, timeout=TIMEOUT) == "COMPLETED", (
       read(output)[-3000:])
   log = read(output)
   assert re.search(rf"resuming at step {step}\b", log), log[-3000:]
   assert read_results(model_dir)["status"] == "completed"
-
   reference_dir = str(tmp_path / "uninterrupted")
-  reference = srun(slurm, train_steps, f"--model_dir={reference_dir}")
+  reference = srun(slurm, f"--train_steps={step + 20}",
+                   f"--model_dir={reference_dir}")
   assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
   values = assert_bit_identical(model_dir, reference_dir)
   assert int(values["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == step + 20
@@ -242,14 +249,4 @@ def test_the_requeue_signal_saves_requeues_and_the_job_resumes(slurm, tmp_path):
   steps_file.write_text(str(step + 20))
   assert slurm.run("scontrol", "update", f"JobId={job}",
                    "StartTime=now").returncode == 0
-  assert slurm.wait_until_done(job, timeout=TIMEOUT) == "COMPLETED", (
-      read(output)[-3000:])
-  log = read(output)
-  assert re.search(rf"resuming at step {step}\b", log), log[-3000:]
-  assert read_results(model_dir)["status"] == "completed"
-
-  reference_dir = str(tmp_path / "uninterrupted")
-  reference = srun(slurm, f"--train_steps={step + 20}",
-                   f"--model_dir={reference_dir}")
-  assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
-  assert_bit_identical(model_dir, reference_dir)
+  _resumes_as_uninterrupted(slurm, job, output, model_dir, step, tmp_path)
