@@ -65,6 +65,23 @@ def test_unshuffled_order_is_the_stored_order():
   assert batches == [list(range(8, 16)), list(range(16, 24))]
 
 
+@pytest.mark.parametrize("shards,pipelines,batch,exact", [
+    (2, 1, 32, True),    # 2 workers' run, resumed in one process: exact.
+    (4, 2, 32, True),
+    (2, 2, 32, False),   # The same layout: nothing to line up.
+    (1, 2, 32, False),   # More pipelines than the run's first: other files.
+    (3, 2, 30, False),   # Not a divisor.
+    (4, 1, 30, False),   # A global batch that the shards cannot split evenly.
+    (0, 1, 32, False)])  # Not per-pipeline data.
+def test_the_order_of_per_pipeline_data_is_kept_where_read_exactly(
+    shards, pipelines, batch, exact):
+  order = data.Order(global_batch_size=batch, input_shards=shards)
+  assert data.streams.exact_shards(order, pipelines) == exact
+  # What a run records as its input pipelines, and what the resume note compares.
+  assert data.streams.order_pipelines(order, pipelines) == (
+      shards if exact else pipelines)
+
+
 def test_too_small_training_set_is_a_clear_error():
   with pytest.raises(DataError, match="has 40 examples, fewer than one global batch "
                      r"of 64 \(32 per replica x 2 replicas\)"):

@@ -118,6 +118,14 @@ def exact_shards(order: base.Order, pipelines: int) -> bool:
           order.global_batch_size % shards == 0)
 
 
+def order_pipelines(order: base.Order, pipelines: int) -> int:
+  """The input pipelines the order of per-pipeline data read by `pipelines` of
+  them is defined over, which a run records: order.input_shards where these
+  read them exactly (`exact_shards`), else `pipelines` (then each reads other
+  examples than the run's first pipelines did)."""
+  return order.input_shards if exact_shards(order, pipelines) else pipelines
+
+
 class PerPipeline(base.TaskData):
   """Data that each input pipeline (worker) reads its own part of. Subclasses say
   how one pipeline streams batches and reads its eval part."""

@@ -4,6 +4,7 @@ as it ends (what it reached, where it is, how to look further)."""
 import math
 import os
 
+from trainer.data.streams import order_pipelines
 from trainer.outputs.progress import format_metrics
 from trainer.training import optimizers
 from trainer.training.record import RunRecord
@@ -56,10 +57,8 @@ def notes(config, *, built, restored, previous: RunRecord) -> list:
   first, then the chief's notes."""
   cluster = built.cluster
   lines = []
-  shards = built.trainer.order.input_shards
   if restored is not None and previous.input_pipelines not in (
-      None, cluster.num_pipelines) and not (
-          shards and shards % cluster.num_pipelines == 0):
+      None, order_pipelines(built.trainer.order, cluster.num_pipelines)):
     lines.append(f"note: the run read its data through {previous.input_pipelines} "
                  f"input pipeline(s), now {cluster.num_pipelines}: each worker reads "
                  "other files, so the examples from here on are not those an "

@@ -32,6 +32,7 @@ from trainer.config import Config
 from trainer.errors import (ExportError, ModelDirError, RunStatus,
                             UserCodeError, disk_full_is_one_line, no_space,
                             user_code)
+from trainer.data.streams import order_pipelines
 from trainer.interrupts import stop_on_signals
 from trainer.distribute import devices, requeue
 from trainer.outputs import export, run_dir
@@ -104,7 +105,7 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
       global_batch_size=trainer.global_batch_size,
       per_replica_batch_size=trainer.per_replica_batch_size,
       num_replicas=trainer.num_replicas, num_workers=cluster.num_workers,
-      input_pipelines=_input_layout(trainer.order, cluster))
+      input_pipelines=order_pipelines(trainer.order, cluster.num_pipelines))
   if config.init_checkpoint and not checkpoints.exists():
     _warm_start(trainer, config.init_checkpoint, console)  # A bad one writes nothing.
   export.check_serving_signature(task, train_data.feature_spec)
@@ -282,15 +283,6 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                     "same command to finish")
         return results.finish(interrupted())
     return _closing(results.finish(status), config, console, best[0])
-
-
-def _input_layout(order, cluster) -> int:
-  """The input pipelines the run's order is defined over from here on: its
-  first ones where this worker count reads them exactly (data.Order.
-  input_shards), else this invocation's."""
-  if order.input_shards and order.input_shards % cluster.num_pipelines == 0:
-    return order.input_shards
-  return cluster.num_pipelines
 
 
 def _record_failure(results: Results, error, watchdog: HangWatchdog):
