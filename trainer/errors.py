@@ -11,6 +11,8 @@ import enum
 import errno
 import re
 
+from trainer import internals
+
 _MAX_LINE = 300  # Characters of a quoted cause in a one-line error.
 
 
@@ -75,7 +77,8 @@ def one_line(cause, *, limit: int = _MAX_LINE) -> str:
   """The first line of an error or text, without TensorFlow's op decorations,
   shortened to `limit` characters (None: as long as it is) to fit in a one-line
   error."""
-  message = getattr(cause, "message", None) or str(cause)
+  message = internals.keras_call_message(
+      getattr(cause, "message", None) or str(cause))
   lines = [part.strip() for part in message.splitlines() if part.strip()]
   if len(lines) > 1 and lines[0] == "Graph execution error:":
     # Then "Detected at node N defined at", the Python frames of the node and

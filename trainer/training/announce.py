@@ -73,6 +73,10 @@ def notes(config, *, built, restored, previous: RunRecord) -> list:
   if config.reduce_lr_patience and built.trainer.base_learning_rate is None:
     lines.append(f"note: --reduce_lr_patience={config.reduce_lr_patience} is "
                  "ignored: the task's optimizer has its own learning-rate schedule")
+  for layer in built.trainer.own_moments_layers:
+    lines.append(f"note: layer {layer.name!r} ({type(layer).__name__}) computes "
+                 "its own _moments: left as written, on each replica's own batch "
+                 "(its moving statistics are averaged over the replicas)")
   if config.eval_every and config.mode == "train":
     lines.append(f"note: --eval_every={config.eval_every} is ignored with "
                  "--mode=train" + (": use --mode=train_and_eval to evaluate"

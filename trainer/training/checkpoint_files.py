@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from trainer.errors import ConfigError
 from trainer.outputs import run_dir
+from trainer.training import replica_layers
 from trainer.training.record import RunRecord
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -31,9 +32,7 @@ _RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"
 
 def rng_states(model) -> list:
   """The state variable of every SeedGenerator in `model`, in layer order."""
-  return [generator.state
-          for layer in model._flatten_layers(include_self=True)  # Keras has no
-          for generator in getattr(layer, "_seed_generators", [])]  # public list.
+  return [generator.state for generator in replica_layers.seed_generators(model)]
 
 
 def model_variables(model) -> list:

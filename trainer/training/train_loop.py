@@ -121,7 +121,7 @@ class TrainLoop:
   def __init__(self, *, strategy, objective: Objective, model, optimizer,
                global_step, ledger, totals, per_replica_batch_size,
                global_batch_size, jit_compile=False, rule: UpdateRule = UpdateRule(),
-               gather=None, record_every: int = 0, averaged_statistics=()):
+               gather=None, record_every: int = 0, averaged_statistics=None):
     """Builds the loop's tf.functions (traced at their first call).
 
     Args:
@@ -142,9 +142,10 @@ class TrainLoop:
         then `Trainer.loop_input`'s None), instead of next().
       record_every: a history row every this many global steps (0: none). The
         same on every worker: reading the sums is a collective.
-      averaged_statistics: variables that each replica updates on its own (an
-        unsynchronized BatchNormalization's moving statistics), set to their
-        mean over the replicas at the end of each call.
+      averaged_statistics: a replica_layers.Averaged: the moving statistics
+        that each replica updates on its own (an unsynchronized
+        BatchNormalization's), set to their mean over the replicas after every
+        micro-step, in the gradients' all-reduce.
     """
     self._strategy, self._objective, self._model = strategy, objective, model
     self._optimizer, self._global_step = optimizer, global_step
@@ -153,7 +154,7 @@ class TrainLoop:
     self._rule, self._gather = rule, gather
     self._variables = model.trainable_variables
     self._record_every = record_every
-    self._averaged_statistics = list(averaged_statistics)
+    self._averaged = averaged_statistics or replica_layers.Averaged()
     self.history_columns = ("step", *totals.variables,
                             *(f"replica_{i}" for i in range(ledger.num_replicas)),
                             *ROW_STATE, *objective.scalar_streaming)
@@ -219,10 +220,16 @@ class TrainLoop:
         step_input = self._gather.step_input(iterator, index)
       per_replica = strategy.run(self._gathered_replica_step,
                                  args=(step_input, self._gather.arrays))
+    pairs = [(g, v.value) for g, v in zip(per_replica, self._variables)]
+    averaged = self._averaged
+    if averaged:  # The replicas' own moving statistics ride along.
+      pairs.append((strategy.run(averaged.local_values), averaged.variables[0]))
     with tf.name_scope(profile.ALL_REDUCE):
-      reduced = strategy.extended.batch_reduce_to(
-          _SUM, [(g, v.value) for g, v in zip(per_replica, self._variables)])
-      return [_dense_semantics(strategy, g) for g in reduced]
+      reduced = strategy.extended.batch_reduce_to(_SUM, pairs)
+    if averaged:
+      averaged.assign_mean(strategy.experimental_local_results(reduced.pop())[0],
+                           strategy.num_replicas_in_sync)
+    return [_dense_semantics(strategy, g) for g in reduced]
 
   def _gradients(self, iterator):
     """The all-reduced gradients of one update: its micro-steps' sum."""
@@ -297,7 +304,6 @@ class TrainLoop:
         lambda done, *_: done < num_steps, step,
         (tf.zeros_like(num_steps), tf.constant(0.0), tf.constant(True),
          tf.constant(0), history))
-    replica_layers.average_statistics(strategy, self._averaged_statistics)
     outputs = dict(totals.values(), **self._objective.streaming_results(),
                    history=history.stack(),
                    gradient_norm=norm,

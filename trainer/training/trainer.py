@@ -14,8 +14,8 @@ from trainer.data import Order, TaskData
 from trainer.distribute.cluster import Cluster
 from trainer.errors import ConfigError, user_code
 from trainer.tasks import Task
-from trainer.training import (graph_passes, ledger, optimizers, probe,
-                              replica_layers, steps)
+from trainer.training import (graph_passes, ledger, optimizers, patch_check,
+                              probe, replica_layers, steps)
 from trainer.training.checkpoint_files import model_variables, rng_states
 from trainer.training.objective import Objective
 from trainer.training.train_loop import TrainLoop, UpdateRule
@@ -59,10 +59,10 @@ class Trainer:
     gather_eval: gather eval arrays in-graph too (--array_input=gather).
     lean_graph_passes: compile the loops and the diagnose step with
       graph_passes' lean Grappler passes (graph_passes.lean_for).
-    synchronized_layers: the BatchNormalization layers --sync_batchnorm made
-      synchronized (replica_layers.as_built gives back the task's setting).
+    own_moments_layers: BatchNormalization subclasses with their own
+      `_moments`, which --sync_batchnorm leaves alone (each replica's own).
     averaged_statistics: the moving statistics that each replica updates on its
-      own and the train loop averages after each call (--sync_batchnorm=false).
+      own and the train loop averages at every step (replica_layers.Averaged).
   """
   task: Task
   objective: Objective
@@ -92,8 +92,8 @@ class Trainer:
   _vote: object
   gather_eval: bool = False
   lean_graph_passes: bool = False
-  synchronized_layers: tuple = ()
-  averaged_statistics: tuple = ()
+  own_moments_layers: tuple = ()
+  averaged_statistics: object = None
   _eval_loops: dict = dataclasses.field(default_factory=dict)
 
   @classmethod
@@ -143,21 +143,10 @@ class Trainer:
                                     train_steps=train_steps,
                                     keep_gradients=keep_gradients)
       global_step, ledgers, totals = _counters(strategy, metric_names)
-    synchronized, averaged = [], []
+    left_alone, averaged = (), replica_layers.Averaged()
     if sync_batchnorm is not None:
-      replica_layers.draw_per_replica(model)
-      if sync_batchnorm and strategy.num_replicas_in_sync > 1:
-        synchronized = replica_layers.synchronize_batchnorm(model)
-        if optimization.jit_compile and replica_layers.batchnorm_layers(model):
-          # Its all-reduce runs inside the step XLA compiles: a merge_call there
-          # fails at the first trace.
-          raise ConfigError(
-              "--jit_compile: BatchNormalization synchronized over "
-              f"{strategy.num_replicas_in_sync} replicas (--sync_batchnorm) "
-              "all-reduces inside the compiled step, which XLA cannot; use "
-              "--sync_batchnorm=false (each replica's statistics) or leave out "
-              "--jit_compile")
-      averaged = replica_layers.unsynchronized_statistics(model)
+      left_alone, averaged = _replica_layers(model, strategy, optimization,
+                                             sync_batchnorm=sync_batchnorm)
     gather_input = train_data.gather_input(
         strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,
         preprocess=objective.preprocess) if gather else None
@@ -186,8 +175,8 @@ class Trainer:
                build_eval_loop=build_eval_loop,
                gather=gather_input,
                _vote=steps.make_vote(strategy), gather_eval=gather_eval,
-               synchronized_layers=tuple(synchronized),
-               averaged_statistics=tuple(averaged),
+               own_moments_layers=tuple(left_alone),
+               averaged_statistics=averaged,
                lean_graph_passes=graph_passes.lean_for(strategy))
 
   @property
@@ -385,6 +374,37 @@ class Trainer:
       self._eval_loops[key] = (self.build_eval_loop(gather=gather), gather,
                               eval_data)
     return self._eval_loops[key][:2]
+
+
+def _replica_layers(model, strategy, optimization, *, sync_batchnorm: bool) -> tuple:
+  """Makes `model`'s random layers draw per replica and (with `sync_batchnorm`,
+  on several replicas) its BatchNormalization layers use the global batch, after
+  checking that these patches take effect. Returns (the layers left with their
+  own moments, the replica_layers.Averaged statistics).
+
+  Raises:
+    ConfigError: the patches do not take effect with this Keras; XLA with a
+      synchronized BatchNormalization.
+    TaskError: a BatchNormalization inside a recurrent cell, under sync.
+  """
+  patch_check.check_patches()
+  replica_layers.draw_per_replica(model)
+  replicas = strategy.num_replicas_in_sync
+  if replicas == 1:
+    return (), replica_layers.Averaged()
+  left_alone = ()
+  if sync_batchnorm:
+    left_alone = replica_layers.synchronize_batchnorm(model)
+    if optimization.jit_compile and len(left_alone) < len(
+        replica_layers.batchnorm_layers(model)):
+      # Its all-reduce runs inside the step XLA compiles: a merge_call there
+      # fails at the first trace.
+      raise ConfigError(
+          f"--jit_compile: BatchNormalization synchronized over {replicas} "
+          "replicas (--sync_batchnorm) all-reduces inside the compiled step, "
+          "which XLA cannot; use --sync_batchnorm=false (each replica's "
+          "statistics) or leave out --jit_compile")
+  return left_alone, replica_layers.per_replica_statistics(model)
 
 
 def _mean(total: float, count: float) -> float:
