@@ -12,8 +12,8 @@ import tensorflow as tf
 import trainer
 from trainer.training import setup
 
-from conftest import TESTS, assert_bit_identical, float_values, run_cli
-from layer_tasks import BatchNormTask, InBatchNegatives, _blobs
+from conftest import assert_bit_identical, float_values
+from layer_tasks import BatchNormTask, _blobs
 
 SGD = dict(optimizer="sgd", learning_rate=0.1, train_steps=20, steps_per_loop=5,
            summaries=False)
@@ -106,52 +106,6 @@ def test_a_rerun_and_a_resume_with_dropout_are_bit_exact(tmp_path):
   results = _train(tmp_path / "resumed", **run)
   assert results["global_step"] == 20
   assert_bit_identical(tmp_path / "straight", tmp_path / "resumed")
-
-
-def test_verify_equivalence_passes_a_per_example_task_and_changes_nothing(
-    tmp_path, capsys):
-  """BatchNormalization and Dropout: within the bound (random layers count as
-  equal), and the run's weights are those of a run without the check."""
-  task = BatchNormTask(dropout=0.5)
-  _train(tmp_path / "checked", replicas=2, task=task, deterministic=True,
-         verify_equivalence=True)
-  line = [line for line in capsys.readouterr().out.splitlines()
-          if line.startswith("equivalence:")]
-  assert len(line) == 1 and re.fullmatch(
-      r"equivalence: 2 replicas vs 1 device on the first batch: max \|dg\| "
-      r"(0|\d(\.\d)?e-\d+) \(<= 1e-5\)", line[0]), line
-  _train(tmp_path / "plain", replicas=2, task=task, deterministic=True)
-  assert_bit_identical(tmp_path / "checked", tmp_path / "plain")
-
-
-@pytest.mark.parametrize("task, sync, named", [
-    (InBatchNegatives(), True, "the loss (Task.loss) differs for the same outputs: "
-     "an example's loss depends on the other examples of its replica's batch (e.g. "
-     "in-batch negatives)"),
-    (BatchNormTask(nested=True), False, "layer 'block_norm' "
-     "(BatchNormalization) normalises each replica's own batch "
-     "(--sync_batchnorm=false)")])
-def test_verify_equivalence_names_what_differs(tmp_path, capsys, task, sync, named):
-  _train(tmp_path / "run", replicas=2, task=task, train_steps=1,
-         sync_batchnorm=sync, verify_equivalence="true")
-  line = next(line for line in capsys.readouterr().out.splitlines()
-              if line.startswith("equivalence:"))
-  assert re.match(r"equivalence: 2 replicas vs 1 device on the first batch: max "
-                  r"\|dg\| \S+ \(> 1e-5\): ", line), line
-  assert named in line
-
-
-def test_verify_equivalence_strict_refuses_before_writing_anything(tmp_path):
-  model_dir = tmp_path / "run"
-  result = run_cli("--task=layer_tasks:InBatchNegatives", "--cpu_devices=2",
-                   "--verify_equivalence=strict", f"--model_dir={model_dir}",
-                   python_path=TESTS)
-  assert result.returncode == 2, result.stderr[-2000:]
-  last = result.stderr.strip().splitlines()[-1]
-  assert last.startswith("error: --verify_equivalence=strict: equivalence: 2 "
-                         "replicas vs 1 device on the first batch: max |dg| ")
-  assert "the loss (Task.loss)" in last and "Traceback" not in result.stderr
-  assert not model_dir.exists()
 
 
 def test_jit_compile_with_synchronized_batchnorm_is_refused_in_one_line(tmp_path):

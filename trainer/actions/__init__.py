@@ -18,6 +18,7 @@ runs it every N steps, and returning `STOP` ends training (user.py).
 """
 
 from trainer.actions.base import Action, LoopCall, Stop
-from trainer.actions.user import STOP, ActionContext, Every, every
+from trainer.actions.user import STOP, ActionContext, Every, action_context, every
 
-__all__ = ["Action", "ActionContext", "Every", "LoopCall", "STOP", "Stop", "every"]
+__all__ = ["Action", "ActionContext", "Every", "LoopCall", "STOP", "Stop",
+           "action_context", "every"]

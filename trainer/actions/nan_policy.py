@@ -22,7 +22,7 @@ class NanPolicy(Action):
   """
 
   def __init__(self, *, on_nan: str, trainer, checkpoints, results, console,
-               model_dir: str, find_divergence: Callable[[int], dict]):
+               model_dir: str, find_divergence: Callable[..., dict]):
     """Reads the rollbacks so far.
 
     Args:
@@ -32,10 +32,10 @@ class NanPolicy(Action):
       results: the run's results.json.
       console: where the rollback and divergence lines go.
       model_dir: the run directory.
-      find_divergence: replays the steps after the last checkpoint up to the
-        given step and returns the report of the first non-finite one (or of
-        that step, with "finite" true and a note, when the replay stays
-        finite), which the chief wrote to DIVERGENCE_FILE
+      find_divergence: `find_divergence(until=step)` replays the steps after
+        the last checkpoint up to `step` and returns the report of the first
+        non-finite one (or of that step, with "finite" true and a note, when
+        the replay stays finite), which the chief wrote to DIVERGENCE_FILE
         (training/divergence.py; every worker calls it, since the replayed
         steps are collective).
     """
@@ -66,7 +66,7 @@ class NanPolicy(Action):
       return None
     if self._on_nan == "rollback" and self.rollbacks < MAX_ROLLBACKS:
       return self._roll_back(call)
-    report = self._find_divergence(call.step)
+    report = self._find_divergence(until=call.step)
     self._results.data["divergence"] = DIVERGENCE_FILE
     self._results.finish(RunStatus.DIVERGED, step=call.step)
     where = (f"step {report['step']}" if not report["finite"] else

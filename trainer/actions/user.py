@@ -63,6 +63,16 @@ class ActionContext:
   summaries: object
 
 
+def action_context(call: LoopCall, *, model, model_dir: str, is_chief: bool,
+                   evaluate, summaries) -> ActionContext:
+  """The ActionContext of loop call `call` (`evaluate`: the run's Evaluate action,
+  whose evaluation of that step, if any, it shows)."""
+  return ActionContext(step=call.step, metrics=call.metrics,
+                       eval_metrics=evaluate.metrics_at(call.step), model=model,
+                       model_dir=model_dir, is_chief=is_chief,
+                       summaries=summaries.at("train", call.step))
+
+
 class Every:
   """An action run only after loop calls that end at multiples of `steps`; loop
   calls end there for it."""

@@ -161,3 +161,28 @@ def write_flags(model_dir: str, flag_lines: list, *, comments=()):
   `comments` as its last lines (`# ...`, which a flagfile skips)."""
   lines = [*flag_lines, *(f"# {comment}" for comment in comments)]
   write_atomic(os.path.join(model_dir, FLAGS_FILE), "\n".join(lines) + "\n")
+
+
+def missing_parents(path: str) -> list:
+  """`path` and its ancestors that do not exist yet, deepest first: what
+  `os.makedirs(path)` would create."""
+  missing = []
+  path = os.path.abspath(path)
+  while not os.path.exists(path):
+    missing.append(path)
+    parent = os.path.dirname(path)
+    if parent == path:
+      break
+    path = parent
+  return missing
+
+
+def remove_if_empty(directories: list):
+  """Removes each of `directories` (deepest first) that is an empty directory;
+  stops at the first that is not: a run that refused before writing anything
+  leaves no directory behind."""
+  for directory in directories:
+    try:
+      os.rmdir(directory)
+    except OSError:
+      return

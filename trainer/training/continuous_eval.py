@@ -179,7 +179,7 @@ class _Evaluator:
       return
     directory = os.path.join(self._model_dir, "export_best")
     try:
-      not_written = evaluation.export_best(self._built, best, directory)
+      not_written = evaluation.export_weights(self._built, directory, best=best)
       if not_written:
         self._built.console.say(f"export {directory}: {not_written}; the "
                                 "SavedModel is written")

@@ -1,28 +1,43 @@
 """--verify_equivalence: "N replicas equal one device", checked on the task's own
-model before step 1.
+model against the round-off floor.
 
-The first global batch's gradients are computed the way training computes them
-(each replica's per-replica batch, one all-reduce) and on one device (the whole
-global batch, outside any replica), from the same weights; nothing is applied,
-and every model variable (moving statistics, seed states) is given back its value.
-Random layers (any layer holding a SeedGenerator) run as at inference for the
-check: they equal one device in distribution, not in value. Above the bound, the
-check finds what differs: the first layer whose outputs on a replica are not the
-one device's rows (a layer with batch statistics, BatchNormalization with
---sync_batchnorm=false), else the loss (its value for an example depends on the
-other examples of the batch, as with in-batch negatives), else the model's own
-losses or gradients.
+At the weights the run's next step starts from (after a restore) and on the
+global batch that step reads, the gradients are computed three ways, nothing
+applied and every model variable (moving statistics, seed states) given back its
+value after:
+
+- the replicas': each replica its per-replica batch through the patched layers
+  (synchronized BatchNormalization), one all-reduce: what training computes;
+- one device's: the whole global batch outside any replica, through the layers
+  as Keras built them (BatchNormalization's own moments): what one device
+  computes;
+- one device's again on the global batch in other orders (reversed, and
+  rotated by half): the round-off floor, what float summation order alone
+  changes.
+
+Each variable is compared on its own scale (its one-device gradient's largest
+magnitude): the replicas hold where every variable's difference is within
+`FLOOR_FACTOR` times its floor, or `BOUND` of its scale. A variable whose
+gradient is round-off (the bias before a BatchNormalization, whose true gradient
+is 0) differs by its whole scale between two orders on one device: within its
+floor, it holds, and the line counts such variables, since an optimizer that
+normalises its steps (Adam) turns their round-off into steps of the learning
+rate. Random layers (any layer holding a SeedGenerator) run as at inference:
+they equal one device in distribution, not in value.
+
+Beyond the floor, a cause is named only on evidence, the same way: the first
+layer whose outputs on a replica differ from one device's rows beyond that
+layer's floor, else the per-example loss, else the model's own losses, else the
+gradients alone (a custom gradient).
 
 Example line:
 
-  equivalence: 2 replicas vs 1 device on the first batch: max |dg| 3.1e-08 (<= 1e-5)
+  equivalence: 2 replicas vs 1 device at step 0: gradients within 3.1e-8 of
+  their scale (round-off floor 2.4e-8): holds
 """
 
-import contextlib
 import dataclasses
-import functools
 import re
-import threading
 from typing import Optional
 
 import keras
@@ -32,9 +47,12 @@ import tensorflow as tf
 from trainer.data.base import weighted
 from trainer.errors import TaskError
 from trainer.training import replica_layers
-from trainer.training.steps import float32_outputs
+from trainer.training.layer_outputs import (LayerRecorder, random_layers_at_inference,
+                                            row_layers)
 
-BOUND = 1e-5  # Invariant 3: N replicas and one device within 1e-5.
+BOUND = 1e-5  # A difference below this fraction of a gradient's scale always holds.
+FLOOR_FACTOR = 4.0  # Within 4x what another summation order changes.
+ROUND_OFF = 1e-2  # A gradient whose floor is above 1% of its scale is round-off.
 _SUM = tf.distribute.ReduceOp.SUM
 
 
@@ -44,55 +62,104 @@ class Verdict:
 
   Attributes:
     replicas: replicas in sync.
-    max_difference: the largest |gradient difference| over every weight.
-    culprit: what differs, in words, when above the bound (else None).
+    step: the global step whose batch and weights were checked.
+    difference: a variable's difference from one device, relative to its
+      gradient's scale: the worst beyond its floor, else the largest of the
+      variables whose gradient is not round-off.
+    floor: the round-off floor of that variable, on the same scale.
+    holds: every variable within its floor (or BOUND).
+    round_off: how many variables' gradients are round-off (floor above
+      ROUND_OFF of their scale).
+    culprit: what differs, in words, when it does not hold (else None).
   """
   replicas: int
-  max_difference: float
+  step: int
+  difference: float
+  floor: float
+  holds: bool
+  round_off: int = 0
   culprit: Optional[str] = None
 
-  @property
-  def holds(self) -> bool:
-    return self.max_difference <= BOUND
-
   def line(self) -> str:
-    line = (f"equivalence: {self.replicas} replicas vs 1 device on the first "
-            f"batch: max |dg| {_short(self.max_difference)} "
-            f"({'<=' if self.holds else '>'} {_short(BOUND)})")
-    return line if self.holds else f"{line}: {self.culprit}"
+    line = (f"equivalence: {self.replicas} replicas vs 1 device at step "
+            f"{self.step}: " + (
+                f"gradients within {_short(self.difference)} of their scale"
+                if self.holds else
+                f"a gradient differs by {_short(self.difference)} of its scale")
+            + f" (round-off floor {_short(self.floor)})")
+    if self.round_off:
+      line += (f", {self.round_off} round-off gradient(s) (a true gradient of 0, "
+               "as a bias before BatchNormalization has; Adam turns its round-off "
+               "into full steps)")
+    return f"{line}: holds" if self.holds else f"{line}: differs: {self.culprit}"
 
 
 def verify(trainer, train_data) -> Optional[Verdict]:
-  """Runs the check on `trainer`'s model (every worker: it holds collectives).
+  """Runs the check on `trainer`'s model at its step (every worker: it holds
+  collectives).
 
   Args:
-    trainer: the built Trainer (its weights those step 1 will start from).
+    trainer: the built Trainer, restored (its weights those the next step
+      starts from).
     train_data: its training data (TaskData).
 
   Returns:
     The Verdict, or None on one replica (nothing to compare).
+
+  Raises:
+    tf.errors.ResourceExhaustedError: the global batch does not fit one device.
   """
-  replicas = trainer.num_replicas
-  if replicas == 1:
+  if trainer.num_replicas == 1:
     return None
-  batch = weighted(*train_data.first(trainer.global_batch_size), batched=True)
+  [batch] = train_data.host_batches(
+      trainer.order, num_replicas=trainer.num_replicas,
+      start_step=trainer.step * trainer.accum_steps, count=1)
+  batch = weighted(*batch, batched=True)
   model = trainer.model
   kept = _unique(list(model.variables) +
                  [g.state for g in replica_layers.seed_generators(model)])
   values = [tf.convert_to_tensor(v) for v in kept]
-  recorder = _Recorder()
+  recorder = LayerRecorder()
   try:
-    with _random_layers_at_inference(model), recorder.recording(model):
-      distributed, single = _both(trainer, recorder, batch)
+    with random_layers_at_inference(model), recorder.recording(model):
+      distributed = _distributed(trainer, recorder, batch)
+      with replica_layers.as_keras_built(model):
+        size = trainer.global_batch_size
+        orders = [np.arange(size), np.arange(size)[::-1],
+                  np.roll(np.arange(size), size // 2)]
+        single = [_single(trainer, recorder, batch, order) for order in orders]
   finally:
     for variable, value in zip(kept, values):
       variable.assign(value)
-  difference = max(float(np.max(np.abs(a - b), initial=0.0))
-                   for a, b in zip(distributed["gradients"], single["gradients"]))
-  culprit = None
-  if difference > BOUND:
-    culprit = _culprit(trainer, distributed, single, recorder.layers)
-  return Verdict(replicas=replicas, max_difference=difference, culprit=culprit)
+  return _verdict(trainer, distributed, single, recorder.layers)
+
+
+def _verdict(trainer, distributed: dict, single: list, layers: list) -> Verdict:
+  reference, reordered = single[0], single[1:]
+  gradients = reference["gradients"]
+  largest = max((_max_abs(g) for g in gradients), default=0.0)
+  rows = []  # (beyond its floor, is round-off, difference, floor)
+  for index, one in enumerate(gradients):
+    scale = max(_max_abs(one), 1e-6 * largest, 1e-30)
+    difference = _max_abs(distributed["gradients"][index] - one) / scale
+    floor = max(_max_abs(other["gradients"][index] - one)
+                for other in reordered) / scale
+    rows.append((difference > FLOOR_FACTOR * floor + BOUND, floor > ROUND_OFF,
+                 difference, floor))
+  holds = not any(row[0] for row in rows)
+  # The variable shown: the worst beyond its floor, else the worst of those
+  # whose gradient is not round-off (a round-off one differs by its scale).
+  shown = max(rows, key=lambda row: (row[0], not row[1], row[2]),
+              default=(False, False, 0.0, 0.0))
+  culprit = None if holds else _culprit(trainer, distributed, reference,
+                                        reordered, layers)
+  return Verdict(replicas=trainer.num_replicas, step=trainer.step,
+                 difference=shown[2], floor=shown[3], holds=holds,
+                 round_off=sum(row[1] for row in rows), culprit=culprit)
+
+
+def _max_abs(array) -> float:
+  return float(np.max(np.abs(array), initial=0.0))
 
 
 def _short(value: float) -> str:
@@ -102,13 +169,12 @@ def _short(value: float) -> str:
 
 
 def mixed_precision(trainer) -> bool:
-  """Whether the model computes in float16 or bfloat16 (the check's bound is
-  float32's)."""
+  """Whether the model computes in float16 or bfloat16."""
   return trainer.model.compute_dtype in ("float16", "bfloat16")
 
 
 def refusal(verdict: Verdict) -> TaskError:
-  """The error of --verify_equivalence=strict above the bound."""
+  """The error of --verify_equivalence=strict when the replicas differ."""
   return TaskError(f"--verify_equivalence=strict: {verdict.line()}; nothing was "
                    "written")
 
@@ -122,14 +188,31 @@ def _unique(variables: list) -> list:
   return unique
 
 
-def _both(trainer, recorder, batch) -> tuple:
-  """(the replicas' results, one device's) as numpy: "gradients" (all-reduced,
-  dense), "losses" (per example, this worker's replicas concatenated in order),
-  "layers" ([[each layer's outputs] per local replica], or [[...]] on one
-  device)."""
+def _step_of(trainer, recorder):
+  """One replica's (or one device's) forward and backward pass, recorded:
+  (gradients, per-example losses, the model's own losses, layer outputs)."""
+
+  def step(features, labels, weights):
+    features = trainer.objective.preprocess(features)
+    recorder.start()
+    gradients, _, outputs = trainer.forward_backward(features, labels, weights)
+    losses = trainer.objective.loss(labels, outputs, weights, training=True)
+    own = trainer.model.losses
+    own = tf.add_n([tf.cast(t, tf.float32) for t in own]) if own else tf.zeros([])
+    return gradients, losses, own, recorder.take()
+
+  return step
+
+
+def _distributed(trainer, recorder, batch) -> dict:
+  """The replicas' results as numpy: "gradients" (all-reduced, dense),
+  "losses" (per example, this worker's replicas in order), "own" (each local
+  replica's model losses), "layers" ([[each layer's outputs] per local
+  replica]) and "first_replica" (this worker's first global replica)."""
   strategy = trainer.strategy
   per_replica = trainer.per_replica_batch_size
   variables = trainer.model.trainable_variables
+  step = _step_of(trainer, recorder)
 
   def replica_part(context):
     start = context.replica_id_in_sync_group * per_replica
@@ -137,151 +220,95 @@ def _both(trainer, recorder, batch) -> tuple:
 
   parts = strategy.experimental_distribute_values_from_function(replica_part)
 
-  def step(features, labels, weights):
-    features = trainer.objective.preprocess(features)
-    recorder.start()
-    gradients, _, outputs = trainer.forward_backward(features, labels, weights)
-    losses = trainer.objective.loss(labels, outputs, weights, training=True)
-    return gradients, losses, recorder.take()
-
   @tf.function(autograph=False)
   def distributed():
-    gradients, losses, layers = strategy.run(step, args=parts)
+    gradients, losses, own, layers = strategy.run(step, args=parts)
     reduced = strategy.extended.batch_reduce_to(
         _SUM, [(g, v.value) for g, v in zip(gradients, variables)])
     local = strategy.experimental_local_results
-    return ([tf.convert_to_tensor(strategy.experimental_local_results(g)[0])
-             for g in reduced], local(losses), [local(layer) for layer in layers])
+    return ([tf.convert_to_tensor(local(g)[0]) for g in reduced], local(losses),
+            local(own), [local(layer) for layer in layers])
+
+  gradients, losses, own, layers = distributed()
+  replicas = len(losses)
+  return {"gradients": [g.numpy() for g in gradients],
+          "losses": np.concatenate([t.numpy() for t in losses]),
+          "own": [float(t) for t in own],
+          "layers": [[layer[r].numpy() for layer in layers]
+                     for r in range(replicas)],
+          "first_replica": trainer.cluster.pipeline_id * replicas}
+
+
+def _single(trainer, recorder, batch, order) -> dict:
+  """One device's results on the global batch taken in `order` (a permutation),
+  as numpy, every row given back in the batch's own order."""
+  step = _step_of(trainer, recorder)
+  permuted = tf.nest.map_structure(lambda t: tf.gather(t, order), batch)
 
   @tf.function(autograph=False)
   def single():
-    gradients, losses, layers = step(*batch)
-    return [tf.convert_to_tensor(g) for g in gradients], losses, layers
+    gradients, losses, own, layers = step(*permuted)
+    return [tf.convert_to_tensor(g) for g in gradients], losses, own, layers
 
-  gradients, losses, layers = distributed()
-  replicas = len(losses)
-  distributed_result = {
-      "gradients": [g.numpy() for g in gradients],
-      "losses": np.concatenate([t.numpy() for t in losses]),
-      "layers": [[layer[r].numpy() for layer in layers] for r in range(replicas)],
-      "first_replica": trainer.cluster.pipeline_id * replicas}
-  gradients, losses, layers = single()
-  single_result = {"gradients": [g.numpy() for g in gradients],
-                   "losses": losses.numpy(),
-                   "layers": [t.numpy() for t in layers]}
-  return distributed_result, single_result
+  gradients, losses, own, layers = single()
+  inverse = np.argsort(order)
+  size = len(order)
+  return {"gradients": [g.numpy() for g in gradients],
+          "losses": losses.numpy()[inverse], "own": float(own),
+          "layers": [t.numpy()[inverse] if t.shape[:1] == (size,) else t.numpy()
+                     for t in layers]}
 
 
-def _close(a, b) -> bool:
-  scale = max(1.0, float(np.max(np.abs(b), initial=0.0)))
-  return a.shape == b.shape and float(np.max(np.abs(a - b), initial=0.0)) <= (
-      BOUND * scale)
+def _beyond_floor(value, reference, others) -> bool:
+  """Whether `value` differs from `reference` beyond what `others` (the same
+  computed in other summation orders) do, on `reference`'s scale."""
+  scale = max(_max_abs(reference), 1e-30)
+  floor = max(_max_abs(other - reference) for other in others) / scale
+  return _max_abs(value - reference) / scale > FLOOR_FACTOR * floor + BOUND
 
 
-def _culprit(trainer, distributed: dict, single: dict, layers: list) -> str:
-  """Names what makes the replicas differ from one device: the first layer (in
-  the order its calls ended) whose outputs differ, else the loss, else the rest."""
+def _culprit(trainer, distributed: dict, reference: dict, reordered: list,
+             layers: list) -> str:
+  """Names what makes the replicas differ from one device, on evidence."""
   per_replica = trainer.per_replica_batch_size
   first = distributed["first_replica"]
-  for index, reference in enumerate(single["layers"]):
-    if reference.shape[:1] != (trainer.global_batch_size,):
-      continue  # Not one row per example: nothing to compare row by row.
+  for index in row_layers(reference["layers"], trainer.global_batch_size):
     for local, outputs in enumerate(distributed["layers"]):
-      start = (first + local) * per_replica
-      if not _close(outputs[index], reference[start:start + per_replica]):
+      rows = slice((first + local) * per_replica,
+                   (first + local + 1) * per_replica)
+      if outputs[index].shape != reference["layers"][index][rows].shape:
+        continue
+      if _beyond_floor(outputs[index], reference["layers"][index][rows],
+                       [other["layers"][index][rows] for other in reordered]):
         return _layer_cause(layers[index])
-  local_rows = slice(first * per_replica,
-                     first * per_replica + len(distributed["losses"]))
-  if not _close(distributed["losses"], single["losses"][local_rows]):
+  rows = slice(first * per_replica,
+               first * per_replica + len(distributed["losses"]))
+  if _beyond_floor(distributed["losses"], reference["losses"][rows],
+                   [other["losses"][rows] for other in reordered]):
     return ("the loss (Task.loss) differs for the same outputs: an example's loss "
             "depends on the other examples of its replica's batch (e.g. in-batch "
             "negatives), so N replicas' per-example losses are not one device's; "
             "compute it from that example alone")
-  return ("no layer output or per-example loss differs, the gradients do: the "
-          "model's own losses (model.losses, e.g. an activity regularizer over the "
-          "batch) or a custom gradient depend on the per-replica batch")
+  replicas = trainer.num_replicas
+  if _beyond_floor(np.array([sum(distributed["own"]) * replicas / len(
+      distributed["own"])]), np.array([reference["own"] * replicas]),
+                   [np.array([other["own"] * replicas]) for other in reordered]):
+    return ("the model's own losses (model.losses, e.g. an activity regularizer "
+            "over the batch) differ: they depend on the per-replica batch")
+  return ("no layer output, per-example loss or model loss differs beyond the "
+          "floor, the gradients do: a custom gradient or a gradient that depends "
+          "on the per-replica batch")
 
 
 def _layer_cause(layer) -> str:
   name = f"layer {layer.name!r} ({type(layer).__name__})"
-  if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:
-    return (f"{name} normalises each replica's own batch "
-            "(--sync_batchnorm=false); with --sync_batchnorm (the default) it uses "
-            "the global batch's statistics")
   if isinstance(layer, keras.layers.BatchNormalization):
-    return (f"{name} is synchronized, yet differs: called with a mask, it "
-            "computes its statistics on each replica's batch")
+    if not replica_layers.is_synchronized(layer):
+      return (f"{name} normalises each replica's own batch (--sync_batchnorm="
+              "false, or a subclass with its own _moments); with --sync_batchnorm "
+              "(the default) it uses the global batch's statistics")
+    return (f"{name} is synchronized, yet its outputs differ from one device's "
+            "beyond the round-off floor")
   return (f"{name} gives the replicas other outputs than one device for the same "
           "examples: it computes over its batch (batch statistics); make it "
           "per-example, or synchronise it over the replicas")
-
-
-class _Recorder:
-  """Every layer's outputs in the order the calls end, per replica thread
-  (MirroredStrategy traces its replicas in threads)."""
-
-  def __init__(self):
-    self._local = threading.local()
-    self.layers = []  # The layer of each recorded output (the last trace's).
-
-  def start(self):
-    self._local.outputs, self._local.layers = [], []
-
-  def add(self, layer, outputs):
-    if getattr(self._local, "outputs", None) is None:
-      return
-    for tensor in tf.nest.flatten(outputs):
-      if isinstance(tensor, tf.Tensor) and tensor.shape.rank:
-        self._local.outputs.append(float32_outputs(tensor))
-        self._local.layers.append(layer)
-
-  def take(self) -> list:
-    outputs, self.layers = self._local.outputs, self._local.layers
-    self._local.outputs = None
-    return outputs
-
-  @contextlib.contextmanager
-  def recording(self, model):
-    layers = model._flatten_layers(include_self=True)  # Keras has no public list.
-    with contextlib.ExitStack() as stack:
-      for layer in layers:
-        stack.enter_context(_wrapped_call(layer, self._recording_call))
-      yield
-
-  def _recording_call(self, layer, call, *args, **kwargs):
-    outputs = call(*args, **kwargs)
-    self.add(layer, outputs)
-    return outputs
-
-
-@contextlib.contextmanager
-def _wrapped_call(layer, wrapper):
-  """`layer.call` replaced by `wrapper(layer, call, ...)` for the block."""
-  own = layer.__dict__.get("call")  # An earlier wrapper's, else the class's.
-  call = layer.call
-  wrapped = functools.wraps(call)(functools.partial(wrapper, layer, call))
-  object.__setattr__(layer, "call", wrapped)  # Not tracked by Keras.
-  try:
-    yield
-  finally:
-    if own is None:
-      object.__delattr__(layer, "call")
-    else:
-      object.__setattr__(layer, "call", own)
-
-
-@contextlib.contextmanager
-def _random_layers_at_inference(model):
-  """Layers holding a SeedGenerator (Dropout, noise, Random* augmentations, a
-  user's random layer) called with training=False for the block."""
-  def at_inference(layer, call, *args, **kwargs):
-    del layer
-    if "training" in kwargs:
-      kwargs["training"] = False
-    return call(*args, **kwargs)
-
-  with contextlib.ExitStack() as stack:
-    for layer in model._flatten_layers(include_self=True):
-      if getattr(layer, "_seed_generators", None) and layer is not model:
-        stack.enter_context(_wrapped_call(layer, at_inference))
-    yield

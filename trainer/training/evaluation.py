@@ -6,6 +6,7 @@ or rewrites anything, so it can watch a live run, and works on a directory it
 cannot write (another account's run): the evaluation is then printed only.
 """
 
+import contextlib
 import os
 import time
 from typing import Optional
@@ -16,7 +17,6 @@ from trainer.errors import ConfigError, ModelDirError, RunStatus
 from trainer.outputs import export, progress, run_dir
 from trainer.outputs.summaries import Summaries
 from trainer.tasks import Task
-from trainer.training import replica_layers
 from trainer.training.open_run import open_run
 
 EVAL_RESULTS_FILE = "eval_results.json"
@@ -35,16 +35,18 @@ def best_metric(config: Config, task: Task, reported) -> tuple:
   return metric, config.best_goal or tasks.metric_goal(type(task), metric)
 
 
-def export_best(built, best: str, directory: str, *,
-                keras_model: bool = True) -> Optional[str]:
-  """Exports the weights of checkpoint `best` (the best evaluation's; the moving
-  averages with --eval_with_ema) to `directory`: the SavedModel and, with
-  `keras_model`, model.keras of the model as the task built it.
+def export_weights(built, directory: str, *, best: Optional[str] = None,
+                   keras_model: bool = True) -> Optional[str]:
+  """Exports the evaluated weights (the moving averages with --eval_with_ema) of
+  the model now, or of checkpoint `best`, to `directory`: the SavedModel and,
+  with `keras_model`, model.keras. The one export of a run's model: the final
+  one, export_best/ and the evaluator's.
 
   Args:
     built: the run as setup.build (or open_run) built it.
-    best: the best checkpoint's path (Checkpoints.best_path).
-    directory: where to export, e.g. MODEL_DIR/export_best.
+    directory: where to export, e.g. MODEL_DIR/export.
+    best: a checkpoint's path (Checkpoints.best_path) whose weights to export
+      (the current ones are given back after), or None: the current weights.
     keras_model: also write model.keras.
 
   Returns:
@@ -54,8 +56,10 @@ def export_best(built, best: str, directory: str, *,
     export.ExportFailure: the SavedModel could not be written.
   """
   trainer = built.trainer
-  with replica_layers.as_built(trainer.synchronized_layers), \
-      trainer.best_weights(best), trainer.evaluated_weights():
+  with contextlib.ExitStack() as stack:
+    if best is not None:
+      stack.enter_context(trainer.best_weights(best))
+    stack.enter_context(trainer.evaluated_weights())
     export.export_saved_model(trainer.model, built.task, directory,
                               feature_spec=built.train_data.feature_spec)
     return export.save_keras_model(trainer.model, directory) if keras_model else None

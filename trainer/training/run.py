@@ -14,7 +14,10 @@ them might otherwise enter.
 
 import contextlib
 import dataclasses
+import functools
 import os
+
+import tensorflow as tf
 
 from trainer import actions as actions_lib
 from trainer import interrupts, tasks
@@ -34,16 +37,17 @@ from trainer.errors import (ExportError, ModelDirError, RunStatus,
                             user_code)
 from trainer.data.streams import order_pipelines
 from trainer.interrupts import stop_on_signals
-from trainer.distribute import devices, requeue
+from trainer.distribute import devices
 from trainer.outputs import export, run_dir
 from trainer.outputs.results import Results
 from trainer.outputs.summaries import Summaries, markdown_flags
 from trainer.tasks import Task
 from trainer.training import (announce, continuous_eval, divergence, equivalence,
-                              evaluation, optimizers, peers, replica_layers, resume,
+                              evaluation, optimizers, peers, resume,
                               setup)
 from trainer.training.checkpoint_files import find_checkpoint, warm_start
 from trainer.training.controller import Controller
+from trainer.training.stop_policy import StopPolicy
 from trainer.training.watchdog import HangWatchdog
 
 
@@ -88,10 +92,20 @@ def evaluator_config(config: Config) -> Config:
 
 def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
   """Trains (and with train_and_eval, evaluates) as the config says."""
-  # ---- 1-3. Devices and strategy, the task and its data, the trainer. ----
-  built = setup.build(config, task)
-  config = built.config  # --mode resolved: train_and_eval where there is eval data.
-  interrupts.refresh()  # The strategy's start-up may have replaced them.
+  # Every phase that waits on a peer, set-up included, is bounded from here on.
+  with HangWatchdog(limit=config.hang_timeout_seconds,
+                    directory=config.model_dir) as watchdog:
+    # ---- 1-3. Devices and strategy, the task and its data, the trainer. ----
+    built = setup.build(config, task, watchdog=watchdog)
+    interrupts.refresh()  # The strategy's start-up may have replaced them.
+    return _train_built(built, actions=actions, stop_request=stop_request,
+                        watchdog=watchdog)
+
+
+def _train_built(built: setup.Built, *, actions: list, stop_request,
+                 watchdog: HangWatchdog) -> dict:
+  """Phases 4 to 7 of `train` on what setup.build built."""
+  config, task = built.config, built.task  # --mode resolved.
   trainer, checkpoints, console = built.trainer, built.checkpoints, built.console
   cluster, train_data = built.cluster, built.train_data
   best = evaluation.best_metric(config, task, trainer.reported_metrics)
@@ -109,16 +123,15 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
   if config.init_checkpoint and not checkpoints.exists():
     _warm_start(trainer, config.init_checkpoint, console)  # A bad one writes nothing.
   export.check_serving_signature(task, train_data.feature_spec)
-  if config.verify_equivalence != "false":
-    _verify_equivalence(trainer, train_data, console,
-                        strict=config.verify_equivalence == "strict")
   with user_code("Task.actions"):
     actions = list(task.actions()) + actions
+  policy = StopPolicy(trainer=trainer, watchdog=watchdog, stop_request=stop_request,
+                      cluster=cluster, console=console)
 
   # ---- 4. Claim the directory, check the resume, restore. ----
   # A full disk, whichever file it hit, is one line; earlier checkpoints stay.
   with disk_full_is_one_line(), contextlib.ExitStack() as stack:
-    _claim(stack, config, export_dir, trainer)
+    _claim(stack, config, export_dir, policy)
     resume.check(config.model_dir, facts, trainer.model)
     restored = checkpoints.restore()
     previous = dataclasses.replace(checkpoints.record)
@@ -129,72 +142,35 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
                       train_steps=config.train_steps, trainer=trainer,
                       checkpoints=checkpoints, best_metric=best[0],
                       best_goal=best[1])
-    # Every collective from here on is bounded: a lost peer is a hang report.
-    watchdog = stack.enter_context(HangWatchdog(
-        limit=config.hang_timeout_seconds, directory=config.model_dir,
-        worker=cluster.worker,
-        on_hang=lambda step: results.finish(RunStatus.HUNG, step=step)))
+    watchdog.on_hang = functools.partial(_hung, results)
     watchdog.completed(trainer.step)
     # On the way out with an error: results.json says how the run ended.
     stack.push(lambda _, error, __: _record_failure(results, error, watchdog))
-    summaries = Summaries(config.model_dir,
-                          enabled=cluster.is_chief and config.summaries)
-    stack.callback(summaries.close)
-
-    def vote(phase: str, stop: bool) -> bool:
-      with watchdog.guard(phase, step=trainer.step):
-        return bool(trainer.stop_vote(int(stop)))
-
-    def interrupted(status=RunStatus.INTERRUPTED) -> RunStatus:
-      """`status` for a stop by a signal: REQUEUED once the chief requeued the
-      SLURM job, where the requeue signal stopped the run (`status` REQUEUED, as
-      the workers agreed, or this process's own signal); else INTERRUPTED."""
-      if status != RunStatus.REQUEUED and (
-          stop_request.signal_name != interrupts.requeue_signal_name()):
-        return RunStatus.INTERRUPTED
-      if not cluster.is_chief:
-        return RunStatus.REQUEUED  # The chief requeues the job.
-      requeued, line = requeue.requeue_job(os.environ)
-      console.say(f"{interrupts.requeue_signal_name()}: {line}" + (
-          "" if requeued else "; rerun the same command to resume"))
-      return RunStatus.REQUEUED if requeued else RunStatus.INTERRUPTED
-
-    def stopping(during: str) -> bool:
-      """A signal came (before or) during `during`: every worker agrees to stop."""
-      if not vote(f"the stop vote {during}", bool(stop_request)):
-        return False
-      console.say(f"{stop_request.signal_name or 'a stop request'} {during}: the "
-                  f"checkpoint of step {trainer.step} is kept; rerun the same "
-                  "command to finish")
-      return True
-
     # Decided together: a worker that cannot see the export would otherwise go on.
-    if vote("the vote on whether the run is finished",
-            _finished_before(results.previous, trainer.step, restored,
-                             config.train_steps)):
+    if policy.vote("the vote on whether the run is finished",
+                   _finished_before(results.previous, trainer.step, restored,
+                                    config.train_steps)):
       ended = results.previous.get("status")
       console.say(f"model_dir {config.model_dir}: already {ended} at step "
                   f"{trainer.step}" + (f" >= --train_steps={config.train_steps}"
                                        if ended == RunStatus.COMPLETED else "")
                   + "; nothing to train, nothing changed")
       return results.previous
+    if config.verify_equivalence != "false" and trainer.step < config.train_steps:
+      _verify_equivalence(trainer, train_data, console, policy, watchdog,
+                          strict=config.verify_equivalence == "strict")
+    summaries = Summaries(config.model_dir,
+                          enabled=cluster.is_chief and config.summaries)
+    stack.callback(summaries.close)
     nan_policy = NanPolicy(
         on_nan=config.on_nan, trainer=trainer, checkpoints=checkpoints,
         results=results, console=console, model_dir=config.model_dir,
-        find_divergence=lambda until: divergence.find_divergence(
-            trainer, train_data, checkpoints, model_dir=config.model_dir,
-            until=until, on_step=watchdog.progressed))  # A replay is no hang.
+        find_divergence=functools.partial(
+            divergence.find_divergence, trainer, train_data, checkpoints,
+            model_dir=config.model_dir,
+            on_step=watchdog.progressed))  # A replay is no hang.
     nan_policy.apply_learning_rate()
-    console.say(announce.start_line(
-        model_dir=config.model_dir, task=config.task, trainer=trainer,
-        restored=restored, previous=previous, multiplier=nan_policy.multiplier,
-        rollbacks=nan_policy.rollbacks))
-    described = train_data.describe(cluster)
-    if described and (cluster.is_chief or cluster.num_workers > 1):
-      console.say_as_worker(f"input: {described}")
-    for line in announce.notes(config, built=built, restored=restored,
-                               previous=previous):
-      console.say(line)
+    _announce(built, restored=restored, previous=previous, nan_policy=nan_policy)
     if cluster.is_chief:
       run_dir.write_flags(config.model_dir, flag_lines, comments=[
           optimizers.describe_task_optimizer(trainer.optimizer)]
@@ -219,14 +195,9 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
     checkpoint = Checkpoint(checkpoints=checkpoints, summaries=summaries,
                             every=config.checkpoint_every,
                             train_steps=config.train_steps)
-
-    def context(call):
-      return actions_lib.ActionContext(
-          step=call.step, metrics=call.metrics,
-          eval_metrics=evaluate.metrics_at(call.step), model=trainer.model,
-          model_dir=config.model_dir, is_chief=cluster.is_chief,
-          summaries=summaries.at("train", call.step))
-
+    context = functools.partial(
+        actions_lib.action_context, model=trainer.model, model_dir=config.model_dir,
+        is_chief=cluster.is_chief, evaluate=evaluate, summaries=summaries)
     loop_actions = [
         LedgerCheck(trainer), nan_policy,
         Report(trainer=trainer, results=results, summaries=summaries,
@@ -246,14 +217,9 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
         SignalStop(stop_request, requeue_signal=interrupts.requeue_signal_name()),
         TimeLimit(max_time=config.max_time, budget=config.max_time_seconds)]
 
-    def on_stop(message: str):
-      with watchdog.guard("checkpoint", step=trainer.step):
-        checkpoint.save()
-      console.say(message)
-
     # ---- 6. The controller: loop calls to --train_steps. ----
-    if stopping("during set-up"):
-      return results.finish(interrupted())
+    if policy.stopping("during set-up"):
+      return results.finish(policy.stop_status())
     if trainer.step >= config.train_steps:
       console.say(f"already at step {trainer.step} >= --train_steps="
                   f"{config.train_steps}; nothing to train")
@@ -263,10 +229,11 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
       status = Controller(trainer=trainer, train_data=train_data,
                           actions=loop_actions, train_steps=config.train_steps,
                           steps_per_loop=config.steps_per_loop, watchdog=watchdog,
-                          on_stop=on_stop).train()
+                          on_stop=functools.partial(policy.save_and_say,
+                                                    checkpoint)).train()
     profiler.close()
     if status in (RunStatus.INTERRUPTED, RunStatus.REQUEUED):
-      status = interrupted(status)
+      status = policy.stop_status(status)
     if not status.finished:
       return _closing(results.finish(status), config, console, best[0])
 
@@ -274,15 +241,35 @@ def train(config: Config, task: Task, *, actions: list, stop_request) -> dict:
     if config.mode == "train_and_eval" and results.eval_step != trainer.step:
       with watchdog.guard("final evaluation", step=trainer.step):
         evaluate.evaluate()
-      if stopping("during the final evaluation"):
-        return results.finish(interrupted())
+      if policy.stopping("during the final evaluation"):
+        return results.finish(policy.stop_status())
     if cluster.is_chief:
       _export(built, results, export_dir)
       if stop_request:
         console.say(f"{stop_request.signal_name} during the export: rerun the "
                     "same command to finish")
-        return results.finish(interrupted())
+        return results.finish(policy.stop_status())
     return _closing(results.finish(status), config, console, best[0])
+
+
+def _hung(results: Results, step):
+  """The watchdog's last word in results.json: hung at `step`."""
+  results.finish(RunStatus.HUNG, step=step)
+
+
+def _announce(built: setup.Built, *, restored, previous, nan_policy):
+  """Says where the run starts, what each worker reads and the chief's notes."""
+  trainer, cluster, console = built.trainer, built.cluster, built.console
+  console.say(announce.start_line(
+      model_dir=built.config.model_dir, task=built.config.task, trainer=trainer,
+      restored=restored, previous=previous, multiplier=nan_policy.multiplier,
+      rollbacks=nan_policy.rollbacks))
+  described = built.train_data.describe(cluster)
+  if described and (cluster.is_chief or cluster.num_workers > 1):
+    console.say_as_worker(f"input: {described}")
+  for line in announce.notes(built.config, built=built, restored=restored,
+                             previous=previous):
+    console.say(line)
 
 
 def _record_failure(results: Results, error, watchdog: HangWatchdog):
@@ -307,24 +294,29 @@ def _closing(data: dict, config: Config, console, best_metric: str) -> dict:
   return data
 
 
-def _claim(stack: contextlib.ExitStack, config: Config, export_dir: str, trainer):
+def _claim(stack: contextlib.ExitStack, config: Config, export_dir: str,
+           policy: StopPolicy):
   """The chief claims MODEL_DIR (creates it, checks it and the export directory
   can be written, locks it); every worker learns whether it could, since a worker
-  going on alone would wait forever in the first collective.
+  going on alone would wait forever in the first collective. Directories the
+  claim made are removed again if the run leaves them empty (it refused before
+  writing anything).
 
   Raises:
     ModelDirError, LockedError: the chief could not claim it.
   """
   refusal = None
-  if trainer.cluster.is_chief:
+  if policy.cluster.is_chief:
     try:
       if config.export_dir:  # Before model_dir is made: a refusal writes nothing.
         run_dir.check_writable_target(export_dir, flag="--export_dir")
+      stack.callback(run_dir.remove_if_empty, run_dir.missing_parents(
+          config.model_dir))
       run_dir.ensure_writable(config.model_dir)
       stack.enter_context(run_dir.locked(config.model_dir))
     except (ModelDirError, run_dir.LockedError) as e:
       refusal = e
-  if trainer.stop_vote(int(refusal is not None)):
+  if policy.vote("the claim vote", refusal is not None):
     raise refusal or ModelDirError(
         f"--model_dir={config.model_dir}: the chief could not use it (its error "
         "says why)")
@@ -339,19 +331,28 @@ def _finished_before(previous: dict, step: int, restored, train_steps: int) -> b
           os.path.isdir(previous.get("export_dir") or ""))
 
 
-def _verify_equivalence(trainer, train_data, console, *, strict: bool):
-  """--verify_equivalence: the replicas against one device on the first batch,
-  in one line; under strict, above the bound, exit 2 (every worker agrees)."""
+def _verify_equivalence(trainer, train_data, console, policy: StopPolicy,
+                        watchdog: HangWatchdog, *, strict: bool):
+  """--verify_equivalence: the replicas against one device at this step, in one
+  line; under strict, a difference beyond the floor is exit 2 (every worker
+  agrees) and the run leaves nothing written."""
   if equivalence.mixed_precision(trainer):
     console.say("equivalence: not checked under --mixed_precision: float16 and "
-                "bfloat16 round any two splits of a batch more than 1e-5 apart")
+                "bfloat16 round any two splits of a batch far apart")
     return
-  verdict = equivalence.verify(trainer, train_data)
+  with watchdog.guard("the equivalence check", step=trainer.step):
+    try:
+      verdict = equivalence.verify(trainer, train_data)
+    except tf.errors.ResourceExhaustedError:
+      verdict = None
+      console.say(f"equivalence: not checked: the global batch of "
+                  f"{trainer.global_batch_size} does not fit one device")
   if verdict is None:
-    console.say("equivalence: 1 replica: nothing to compare")
+    if trainer.num_replicas == 1:
+      console.say("equivalence: 1 replica: nothing to compare")
     return
   console.say(verdict.line())
-  if trainer.stop_vote(int(strict and not verdict.holds)):
+  if policy.vote("the equivalence vote", strict and not verdict.holds):
     raise equivalence.refusal(verdict)
 
 
@@ -375,14 +376,8 @@ def _export(built, results: Results, export_dir: str):
     ExportError: the export failed (one line naming the cause; status
       unexported; the checkpoints are kept and a rerun exports).
   """
-  trainer, feature_spec = built.trainer, built.train_data.feature_spec
   try:
-    # The model as the task built it (model.keras records its configuration).
-    with replica_layers.as_built(trainer.synchronized_layers), \
-        trainer.evaluated_weights():
-      export.export_saved_model(trainer.model, built.task, export_dir,
-                                feature_spec=feature_spec)
-      not_written = export.save_keras_model(trainer.model, export_dir)
+    not_written = evaluation.export_weights(built, export_dir)
     if not_written:
       built.console.say(f"export {export_dir}: {not_written}; the SavedModel is "
                         "written")
@@ -392,7 +387,8 @@ def _export(built, results: Results, export_dir: str):
             if built.config.mode == "train_and_eval" else None)
     if best:
       best_dir = os.path.join(built.config.model_dir, "export_best")
-      evaluation.export_best(built, best, best_dir, keras_model=not not_written)
+      evaluation.export_weights(built, best_dir, best=best,
+                                keras_model=not not_written)
       results.data["export_best_dir"] = best_dir
   except export.ExportFailure as e:
     if no_space(e.__cause__):

@@ -5,6 +5,7 @@ Everything here can fail with a one-line error and leaves no trace on disk:
 nothing is written before the run claims its directory.
 """
 
+import contextlib
 import dataclasses
 import os
 
@@ -71,7 +72,7 @@ def resolve_task(config: Config, task: Task = None) -> tuple:
 
 
 def build(config: Config, task: Task, *, read_only: bool = False,
-          loading: bool = False) -> Built:
+          loading: bool = False, watchdog=None) -> Built:
   """Sets up devices and the strategy, prepares the task, checks its data and
   builds the trainer.
 
@@ -81,6 +82,9 @@ def build(config: Config, task: Task, *, read_only: bool = False,
     read_only: open another process's run (an evaluation, a replay): its
       checkpoints are never written.
     loading: for `trainer.load` (prediction): a task without eval data is fine.
+    watchdog: a started HangWatchdog, which bounds the set-up after the
+      strategy (Task.prepare, the data, the trainer's variables, which workers
+      broadcast) where there are peers to wait for; or None.
 
   Raises:
     TrainerError: bad devices, cluster, data, task, or a mode the task cannot
@@ -90,14 +94,25 @@ def build(config: Config, task: Task, *, read_only: bool = False,
   devices.configure_devices(config.distribute)
   strategy = devices.make_strategy(config.distribute)
   cluster = cluster_of(strategy)
-  training = config.mode != "eval"
-  per_replica, global_batch = config.input.batch_sizes(cluster.num_replicas,
-                                                       exact=training)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   console = Console(total_steps=config.train_steps, is_chief=cluster.is_chief,
                     progress_lines=config.summaries)
+  if watchdog is not None:
+    watchdog.identify(cluster.worker)
+  with (watchdog.guard("set-up", step=None)
+        if watchdog is not None and cluster.num_workers > 1 else
+        contextlib.nullcontext()):
+    return _build_on(config, task, strategy=strategy, cluster=cluster,
+                     console=console, read_only=read_only, loading=loading)
 
+
+def _build_on(config: Config, task: Task, *, strategy, cluster: Cluster, console,
+              read_only: bool, loading: bool) -> Built:
+  """`build`'s phases 2 and 3, on the devices and strategy of phase 1."""
+  training = config.mode != "eval"
+  per_replica, global_batch = config.input.batch_sizes(cluster.num_replicas,
+                                                       exact=training)
   # 2. The task and its data.
   with user_code("Task.prepare"):
     prepared = task.prepare(RunContext(

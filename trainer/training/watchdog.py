@@ -82,25 +82,32 @@ def _gist(message: str) -> str:
   return one_line((telling or lines[-1:] or ["no message"])[0])
 
 
+def _at(phase: str, step) -> str:
+  return phase if step is None else f"{phase} at step {step}"
+
+
 class HangWatchdog:
   """Deadlines around the phases of a run; on a hang, a report and exit 7."""
 
-  def __init__(self, *, limit, directory: str, worker: str, on_hang, out=None):
+  def __init__(self, *, limit, directory: str, worker: str = "worker-0",
+               on_hang=None, out=None):
     """Creates the watchdog (start it with `with watchdog:`).
 
     Args:
       limit: seconds a phase may take (--hang_timeout), or None for the default
         (see `default_limit`).
-      directory: where hang-<worker>.txt goes (the model_dir).
-      worker: this process's name in the cluster, e.g. "worker-1".
+      directory: where hang-<worker>.txt goes (the model_dir; made if need be).
+      worker: this process's name in the cluster, e.g. "worker-1" (`identify`
+        sets it once the cluster is known).
       on_hang: `on_hang(last_completed_step)`, called before the exit (e.g. to
-        write results.json); it must not wait for TensorFlow.
+        write results.json); it must not wait for TensorFlow. Settable later
+        as the attribute `on_hang`.
       out: where the report is printed (default stderr).
     """
     self._limit = limit
-    self._path = hang_file(directory, worker)
+    self._directory = directory
     self._worker = worker
-    self._on_hang = on_hang
+    self.on_hang = on_hang
     self._out = out or sys.stderr
     self._call_seconds = collections.deque(maxlen=_CALLS_KEPT)
     self._reported = threading.Lock()  # One report, from whichever thread is first.
@@ -129,6 +136,10 @@ class HangWatchdog:
 
   def __exit__(self, *exc):
     self.stop()
+
+  def identify(self, worker: str):
+    """Names this process in its hang report (`Cluster.worker`)."""
+    self._worker = worker
 
   @property
   def limit(self) -> float:
@@ -161,8 +172,9 @@ class HangWatchdog:
 
     Args:
       phase: what the block does, e.g. "loop call" (whose durations set the
-        default limit), "evaluation", "checkpoint".
-      step: the global step the phase starts at.
+        default limit), "evaluation", "checkpoint", "set-up".
+      step: the global step the phase starts at (None: before the trainer
+        has one).
     """
     started = time.monotonic()
     with self._wake:
@@ -172,7 +184,7 @@ class HangWatchdog:
       yield
     except PEER_ERRORS as e:
       peer = peer_of(str(e))
-      self.report(f"{phase} at step {step} failed in a collective"
+      self.report(f"{_at(phase, step)} failed in a collective"
                   + (f" waiting for {peer}" if peer else "")
                   + f" ({type(e).__name__}: {_gist(str(e))})")
     finally:
@@ -196,7 +208,7 @@ class HangWatchdog:
         break
       else:
         return
-    self.report(f"{phase} at step {step} made no progress for "
+    self.report(f"{_at(phase, step)} made no progress for "
                 f"{time.monotonic() - started:.0f}s (--hang_timeout "
                 f"{armed[3] - started:g}s)")
 
@@ -210,19 +222,23 @@ class HangWatchdog:
     self._reported.acquire()  # Never released: the process ends below.
     with self._wake:
       self._armed = None  # Disarmed: the watchdog thread does not report again.
-    headline = (f"hang on {self._worker}: {why}; last completed step "
-                f"{self._last_step}. Rerun the same command to resume from the last "
-                "checkpoint")
+    done = ("before the first step" if self._last_step is None else
+            f"last completed step {self._last_step}")
+    headline = (f"hang on {self._worker}: {why}; {done}. Rerun the same command "
+                "to resume from the last checkpoint")
+    path = hang_file(self._directory, self._worker)
     try:
       stacks = thread_stacks()
-      where = self._path
+      where = path
       try:
-        with open(self._path, "w") as f:
+        os.makedirs(self._directory, exist_ok=True)
+        with open(path, "w") as f:
           f.write(f"{headline}\n\n{stacks}")
       except OSError as e:
         where = f"not written: {e}"
       try:
-        self._on_hang(self._last_step)
+        if self.on_hang is not None:
+          self.on_hang(self._last_step)
       finally:
         # A full pipe nobody reads would block the write: exit 7 regardless.
         timer = threading.Timer(_STDERR_SECONDS, os._exit, [int(ExitCode.HUNG)])
