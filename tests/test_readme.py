@@ -25,3 +25,14 @@ def test_a_readme_example_runs_as_written(index, tmp_path):
                            env=cli_env(PYTHONPATH=REPO), capture_output=True,
                            text=True, timeout=300, check=False)
   assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-3000:]
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+  """.ci/run runs the command README's Development section gives (so a missing
+  install step there fails CI)."""
+  with open(os.path.join(REPO, "README.md")) as f:
+    development = f.read().split("## Development", 1)[1]
+  command = re.search(r"```\n(pip install -e \"\.\[test\]\".*?)\n```", development)[1]
+  with open(os.path.join(REPO, ".ci", "run")) as f:
+    lines = [line.strip() for line in f if line.strip()]
+  assert lines[-1] == command
