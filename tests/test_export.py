@@ -288,7 +288,8 @@ def test_an_iterator_that_preprocess_reads_is_named(tmp_path):
   result = run_cli("--task=export_tasks:Iterating", "--train_steps=3",
                    f"--model_dir={tmp_path / 'run'}", python_path=TESTS)
   one_line_error(result, "(Task.offsets (OwnedIterator), which preprocess or a "
-                 "serving method uses, cannot be saved in a SavedModel (", code=8)
+                 "serving method uses, cannot be saved in a SavedModel (TensorFlow "
+                 "saves no IteratorResource)", code=8)
   line = result.stderr.strip()
   assert "serving must not read it; read it in the input pipeline" in line, line
   assert "neither the model's" not in line, line

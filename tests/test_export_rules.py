@@ -98,5 +98,7 @@ def test_an_iterator_that_serving_reads_is_named(tmp_path):
   assert [item.attribute for item in kept] == ["offsets"]
   why = served_objects.unsaveable(kept, str(tmp_path / "export"))
   assert why.startswith("Task.offsets (OwnedIterator), which preprocess or a "
-                        "serving method uses, cannot be saved in a SavedModel ("), why
+                        "serving method uses, cannot be saved in a SavedModel "
+                        "(TensorFlow saves no IteratorResource): serving must not "
+                        "read it"), why
   assert not (tmp_path / "export.probe").exists()

@@ -109,11 +109,14 @@ def _named(item: Served, error: Exception) -> str:
   what = type(item.holder).__name__
   if item.owner is not item.holder:
     what += f"'s {type(item.owner).__name__}"
+  # TensorFlow's own words ask to track what is tracked: say what it refused.
+  kind = re.search(r'type="([^"]+)"', str(error))
+  why = (f"TensorFlow saves no {kind[1].rsplit('::', 1)[-1]}" if kind else
+         f"{type(error).__name__}: {one_line(error).rstrip('.')}")
   return (f"Task.{item.attribute} ({what}), which preprocess or a serving method "
-          f"uses, cannot be saved in a SavedModel ({type(error).__name__}: "
-          f"{one_line(error).rstrip('.')}): serving must not read it; read it in "
-          "the input pipeline (train_data) instead, and keep what preprocess "
-          "needs in variables, lookup tables or Keras layers")
+          f"uses, cannot be saved in a SavedModel ({why}): serving must not read "
+          "it; read it in the input pipeline (train_data) instead, and keep what "
+          "preprocess needs in variables, lookup tables or Keras layers")
 
 
 def untracked(error: Exception) -> Optional[str]:
