@@ -150,7 +150,8 @@ class Table(trainer.Task):
 
 class Scaler:
   """Made in Task.prepare (TensorFlow is up by then): a tf.Module whose own
-  tf.function reads a lookup table it does not track, so it cannot be saved."""
+  tf.function reads a lookup table it does not track, so it cannot be saved
+  whole (its variable can)."""
 
   @staticmethod
   def build():
@@ -173,7 +174,8 @@ class Scaler:
 
 @dataclasses.dataclass
 class Scaled(NoInput):
-  """Its preprocess uses Task.scaler, which cannot be saved."""
+  """Its preprocess reads Task.scaler's variable (the only part of it that the
+  export saves)."""
 
   def prepare(self, context):
     del context
@@ -209,3 +211,117 @@ class Augmented(trainer.Task):
   def loss(self, labels, outputs):
     return keras.losses.sparse_categorical_crossentropy(labels, outputs,
                                                         from_logits=True)
+
+
+EPOCH = 1.7e9  # Unix seconds (November 2023): float32 spaces them 128 apart.
+
+
+def timestamps(count, seed):
+  """Unix seconds as pandas stores them (float64), with fractions of a second."""
+  rng = np.random.default_rng(seed)
+  return rng.uniform(EPOCH, EPOCH + 30 * 86400, size=(count, 1))
+
+
+@dataclasses.dataclass
+class Timestamps(trainer.Task):
+  """A float64 feature of Unix seconds that preprocess turns into hours since
+  EPOCH: float32 would put every timestamp on a 128-second grid."""
+
+  layout_fields = ()
+
+  def build_model(self):
+    hours = keras.Input((1,))
+    return keras.Model(hours, keras.layers.Dense(1)(hours))
+
+  def preprocess(self, features):
+    return keras.ops.cast((features - EPOCH) / 3600.0, "float32")
+
+  def train_data(self):
+    x = timestamps(256, seed=0)
+    return x, ((x - EPOCH) / 86400.0).astype("float32")
+
+  def loss(self, labels, outputs):
+    return keras.ops.mean(keras.ops.square(outputs - labels), axis=-1)
+
+
+VOCABULARY, SEQUENCE = 50, 8
+
+
+def token_ids(count, seed):
+  """Token ids as keras.utils.pad_sequences returns them (int32)."""
+  rng = np.random.default_rng(seed)
+  return rng.integers(0, VOCABULARY, size=(count, SEQUENCE)).astype("int32")
+
+
+@dataclasses.dataclass
+class TokenIds(trainer.Task):
+  """keras-io's Transformer text classifier's way: int32 token ids into a
+  float32 `keras.Input((maxlen,))`, embedded."""
+
+  layout_fields = ()
+
+  def build_model(self):
+    ids = keras.Input((SEQUENCE,))  # float32, as keras-io writes it.
+    hidden = keras.layers.Embedding(VOCABULARY, 4)(ids)
+    hidden = keras.layers.GlobalAveragePooling1D()(hidden)
+    return keras.Model(ids, keras.layers.Dense(2)(hidden))
+
+  def train_data(self):
+    x = token_ids(256, seed=0)
+    return x, (x[:, 0] % 2).astype("int32")
+
+  def loss(self, labels, outputs):
+    return keras.losses.sparse_categorical_crossentropy(labels, outputs,
+                                                        from_logits=True)
+
+
+def records(count, seed):
+  """A table of a string and a float64 column."""
+  rng = np.random.default_rng(seed)
+  return {"color": rng.choice(WORDS, size=(count, 1)).astype(object),
+          "size": rng.normal(10.0, 3.0, size=(count, 1))}
+
+
+@dataclasses.dataclass
+class Featured(trainer.Task):
+  """keras-io's structured data recipe: a keras.utils.FeatureSpace adapted in
+  Task.prepare, kept on the task and applied by preprocess."""
+
+  layout_fields = ()
+
+  def prepare(self, context):
+    del context
+    import tensorflow as tf  # After the devices are set up.
+    space = keras.utils.FeatureSpace
+    self.features = space(features={"color": space.string_categorical(),
+                                    "size": space.float_normalized()},
+                          output_mode="concat")
+    self.features.adapt(tf.data.Dataset.from_tensor_slices(records(256, seed=0)))
+
+  def build_model(self):
+    return keras.Sequential([keras.layers.Dense(4, activation="relu"),
+                             keras.layers.Dense(1)])
+
+  def preprocess(self, features):
+    return self.features(features)
+
+  def train_data(self):
+    x = records(256, seed=0)
+    return x, (x["size"] > 10.0).astype("float32")
+
+  def loss(self, labels, outputs):
+    return keras.ops.mean(keras.ops.square(outputs - labels), axis=-1)
+
+
+@dataclasses.dataclass
+class Iterating(NoInput):
+  """Its preprocess reads a tf.data iterator kept on the task: an export
+  cannot hold one."""
+
+  def prepare(self, context):
+    del context
+    import tensorflow as tf
+    self.offsets = iter(tf.data.Dataset.from_tensors(0.5).repeat())
+
+  def preprocess(self, features):
+    return features + next(self.offsets)

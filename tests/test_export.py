@@ -2,20 +2,25 @@
 (the session-based loader TensorFlow Serving is built like), tf.saved_model.load
 and keras.layers.TFSMLayer in a fresh process, and keras.models.load_model of the
 model.keras beside the SavedModel (where Keras can load the model without the
-task's code; where not, the run says so in one line)."""
+task's code; where not, the run says so in one line). Each serves what training's
+preprocess saw: float64 seconds, int32 token ids into a float32 keras.Input, the
+pixels a float32 signature declares, a FeatureSpace's lookups."""
 
 import json
 import os
+import re
 import subprocess
 import sys
+import textwrap
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import export_tasks
 import trainer
-from conftest import (TESTS, checkpoint_values, cli_env, one_line_error,
+from conftest import (REPO, TESTS, checkpoint_values, cli_env, one_line_error,
                       read_results, run_cli)
 from trainer.outputs.export import named_outputs
 
@@ -150,3 +155,159 @@ def test_a_failed_export_keeps_the_run_and_a_rerun_only_exports(model_dir):
   assert os.path.exists(os.path.join(model_dir, "export", "model.keras"))
   again = checkpoint_values(os.path.join(model_dir, "checkpoints"))
   assert all(np.array_equal(trained[k], again[k]) for k in trained)
+
+
+def _train(model_dir, task=None):
+  """Trains `task` (None: the built-in digits classifier) 3 steps in-process;
+  returns (the export directory, trainer.load's task and model)."""
+  trainer.train(trainer.Config(train_steps=3, per_replica_batch_size=16,
+                               model_dir=str(model_dir), summaries=False),
+                task=task)
+  task, model = trainer.load(str(model_dir))
+  return str(model_dir / "export"), task, model
+
+
+def _saved_model_cli(export, features: dict, out_dir) -> dict:
+  """saved_model_cli run (TensorFlow Serving's kind of loader) on arrays
+  {signature input name: array}."""
+  inputs = []
+  for name, array in features.items():
+    np.save(str(out_dir / f"{name}.npy"), array)
+    inputs.append(f"{name}={out_dir / name}.npy")
+  process = subprocess.run(
+      [os.path.join(os.path.dirname(sys.executable), "saved_model_cli"), "run",
+       "--dir", export, "--tag_set", "serve", "--signature_def", "serving_default",
+       "--inputs", ";".join(inputs), "--outdir", str(out_dir / "out")],
+      env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
+  assert process.returncode == 0, process.stderr[-3000:]
+  return {name[:-len(".npy")]: np.load(str(out_dir / "out" / name))
+          for name in os.listdir(out_dir / "out")}
+
+
+def _declared(loaded) -> dict:
+  return {name: spec.dtype for name, spec in
+          loaded.signatures["serving_default"].structured_input_signature[1].items()}
+
+
+def test_float64_seconds_reach_preprocess_as_stored(tmp_path):
+  """Unix seconds (float64) that preprocess turns into hours: a float32
+  signature put them on a 128-second grid (served 4e-4 off trainer.load's)."""
+  export, task, model = _train(tmp_path / "run", export_tasks.Timestamps())
+  x = export_tasks.timestamps(5, seed=3)
+  expected = model(task.preprocess(tf.constant(x))).numpy()
+  on_grid = model(task.preprocess(tf.constant(x.astype("float32").astype("float64"))))
+  assert np.abs(on_grid - expected).max() > 1e-4  # What float32 would serve.
+  np.testing.assert_allclose(
+      _saved_model_cli(export, {"inputs": x}, tmp_path)["outputs"], expected,
+      atol=1e-6)
+  loaded = tf.saved_model.load(export)
+  assert _declared(loaded) == {"inputs": tf.float64}
+  np.testing.assert_allclose(
+      loaded.signatures["serving_default"](inputs=tf.constant(x))["outputs"],
+      expected, atol=1e-6)
+  np.testing.assert_allclose(loaded.serve(tf.constant(x))["outputs"], expected,
+                             atol=1e-6)
+  # TFSMLayer casts float inputs to its dtype: float64 passes them as they are.
+  layer = keras.layers.TFSMLayer(export, call_endpoint="serving_default",
+                                 dtype="float64")
+  np.testing.assert_allclose(layer(tf.constant(x))["outputs"], expected, atol=1e-6)
+  # serve also takes float32 (Python floats): widened exactly, never narrowed.
+  np.testing.assert_allclose(loaded.serve(tf.constant(x, tf.float32))["outputs"],
+                             on_grid, atol=1e-6)
+
+
+def test_digits_serve_the_float_pixels_their_signature_declares(tmp_path):
+  """The built-in classifier declares float32 pixels over uint8 storage: 3.7
+  was cast to 3 (logits 5.6e-2 off trainer.load's); it is served as 3.7."""
+  export, task, model = _train(tmp_path / "run")
+  x = np.random.default_rng(4).uniform(0.0, 16.0, size=(3, 8, 8, 1))
+  x = x.astype("float32")
+  expected = model(task.preprocess(tf.constant(x))).numpy()
+  np.testing.assert_allclose(
+      _saved_model_cli(export, {"inputs": x}, tmp_path)["logits"], expected,
+      atol=1e-5)
+  loaded = tf.saved_model.load(export)
+  assert _declared(loaded) == {"inputs": tf.float32}
+  np.testing.assert_allclose(loaded.serve(tf.constant(x))["logits"], expected,
+                             atol=1e-5)
+  np.testing.assert_allclose(loaded.serve(tf.constant(x, tf.float64))["logits"],
+                             expected, atol=1e-5)
+  # Whole pixels are what training saw, stored uint8.
+  whole = np.round(x)
+  np.testing.assert_allclose(
+      loaded.serve(tf.constant(whole))["logits"],
+      model(task.preprocess(tf.constant(whole.astype("uint8")))), atol=1e-5)
+
+
+def test_int32_token_ids_into_a_float32_input_serve(tmp_path):
+  """keras-io's Transformer classifier feeds int32 ids to keras.Input((maxlen,))
+  (float32): the signature, serve and TFSMLayer refused the ids."""
+  export, _, model = _train(tmp_path / "run", export_tasks.TokenIds())
+  ids = export_tasks.token_ids(4, seed=3)
+  expected = model(ids).numpy()
+  loaded = tf.saved_model.load(export)
+  for dtype in ("int32", "int64"):
+    np.testing.assert_allclose(
+        loaded.serve(tf.constant(ids.astype(dtype)))["outputs"], expected, atol=1e-6)
+  assert _declared(loaded) == {"inputs": tf.int32}
+  np.testing.assert_allclose(
+      loaded.signatures["serving_default"](inputs=tf.constant(ids))["outputs"],
+      expected, atol=1e-6)
+  layer = keras.layers.TFSMLayer(export, call_endpoint="serving_default")
+  np.testing.assert_allclose(layer(tf.constant(ids))["outputs"], expected, atol=1e-6)
+  np.testing.assert_allclose(
+      _saved_model_cli(export, {"inputs": ids}, tmp_path)["outputs"], expected,
+      atol=1e-6)
+  # An int64 that int32 cannot hold is refused, not wrapped around.
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="feature inputs holds values outside int32"):
+    loaded.serve(tf.constant(ids.astype("int64") + 2 ** 32))
+
+
+def test_a_feature_space_kept_on_the_task_exports(tmp_path):
+  """keras-io's structured-data recipe, a FeatureSpace adapted in prepare and
+  kept on the task, ended the run with exit 8 telling the user to keep it on
+  the task: its lookup tables are in dicts TensorFlow does not track."""
+  export, task, model = _train(tmp_path / "run", export_tasks.Featured())
+  x = export_tasks.records(4, seed=3)
+  expected = model(task.preprocess(
+      {name: tf.constant(value) for name, value in x.items()})).numpy()
+  loaded = tf.saved_model.load(export)
+  assert _declared(loaded) == {"color": tf.string, "size": tf.float64}
+  served = loaded.serve({"color": tf.constant(x["color"].astype("S")),
+                         "size": tf.constant(x["size"])})
+  np.testing.assert_allclose(served["outputs"], expected, atol=1e-6)
+  np.testing.assert_allclose(_saved_model_cli(
+      export, {"color": x["color"].astype("S"), "size": x["size"]},
+      tmp_path)["outputs"], expected, atol=1e-6)
+
+
+def test_an_iterator_that_preprocess_reads_is_named(tmp_path):
+  """A SavedModel cannot hold a tf.data iterator: the one line named no
+  attribute and said it was not on the task, where it is."""
+  result = run_cli("--task=export_tasks:Iterating", "--train_steps=3",
+                   f"--model_dir={tmp_path / 'run'}", python_path=TESTS)
+  one_line_error(result, "(Task.offsets (OwnedIterator), which preprocess or a "
+                 "serving method uses, cannot be saved in a SavedModel (TensorFlow "
+                 "saves no IteratorResource)", code=8)
+  line = result.stderr.strip()
+  assert "serving must not read it; read it in the input pipeline" in line, line
+  assert "neither the model's" not in line, line
+  assert read_results(str(tmp_path / "run"))["status"] == "unexported"
+
+
+with open(os.path.join(REPO, "docs", "options.md")) as _f:
+  # Indented in a list item: as the reader sees it, dedented.
+  _DOCS_EXAMPLES = [textwrap.dedent(block) for _, block in re.findall(
+      r"^( *)```python\n(.*?)^\1```", _f.read(), flags=re.S | re.M)]
+
+
+def test_the_export_example_in_the_docs_runs_as_written(tmp_path):
+  """docs/options.md's `tf.saved_model.load(".../export").serve(...)` failed
+  ("referencing variables which have been deleted")."""
+  examples = [block for block in _DOCS_EXAMPLES if "tf.saved_model.load" in block]
+  assert len(examples) == 1, _DOCS_EXAMPLES
+  process = subprocess.run([sys.executable, "-c", examples[0]], cwd=tmp_path,
+                           env=cli_env(PYTHONPATH=REPO), capture_output=True,
+                           text=True, timeout=300, check=False)
+  assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-3000:]
