@@ -2,7 +2,7 @@
 graph code that the framework traces without AutoGraph (the loops, the export's
 serving function)."""
 
-import tensorflow as tf
+from trainer import internals
 
 
 def graph_code(function):
@@ -13,5 +13,4 @@ def graph_code(function):
   built-in tasks' (graph code as written: converting them cost 60 ms of start-up)."""
   if getattr(function, "__module__", "").startswith(__name__.split(".")[0] + "."):
     return function
-  return tf.__internal__.autograph.tf_convert(
-      function, tf.__internal__.autograph.control_status_ctx())
+  return internals.autograph_converted(function)

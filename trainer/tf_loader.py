@@ -5,6 +5,8 @@ import os
 import sys
 import tempfile
 
+from trainer import internals
+
 _started_by = []  # What started TensorFlow's runtime, when a watched block did.
 
 
@@ -54,10 +56,7 @@ def load_tensorflow(*, probe_devices: bool = True):
 def is_started() -> bool:
   """Whether TensorFlow's runtime has started in this process: from then on its
   devices cannot be split nor a MultiWorkerMirroredStrategy created."""
-  if "tensorflow" not in sys.modules:
-    return False
-  from tensorflow.python.eager import context  # No public way to ask.
-  return context.context()._initialized
+  return internals.runtime_started()
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import tensorflow as tf
 
+from trainer import internals
 from trainer.errors import one_line
 
 
@@ -57,7 +58,7 @@ def _resources(task) -> dict:
       elif hasattr(value, "__dict__"):  # Not properties: nothing runs.
         for item in vars(value).values():
           if (isinstance(item, tf.Tensor) and item.dtype == tf.resource and
-              isinstance(value, tf.__internal__.tracking.Trackable)):
+              isinstance(value, internals.trackable_type())):
             found.setdefault(id(item), Served(attribute, holder, value, item))
           else:
             stack.append(item)

@@ -29,7 +29,8 @@ import contextlib
 
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
-from tensorflow.python.eager import context as eager_context
+
+from trainer import internals
 
 _Rewriter = rewriter_config_pb2.RewriterConfig
 _LEAN = {}  # id(a thread's options) -> (those options, their lean version).
@@ -44,8 +45,7 @@ def lean_for(strategy) -> bool:
              for d in strategy.extended.worker_devices)
 
 
-def lean_options(options: eager_context.FunctionCallOptions
-                 ) -> eager_context.FunctionCallOptions:
+def lean_options(options):
   """`options` with one Grappler pass and neither the layout nor the memory
   optimizer, where they are TensorFlow's defaults (a user's explicit one stays)."""
   config = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
@@ -56,8 +56,8 @@ def lean_options(options: eager_context.FunctionCallOptions
     rewrite.memory_optimization = _Rewriter.NO_MEM_OPT
   if rewrite.layout_optimizer == _Rewriter.DEFAULT:
     rewrite.layout_optimizer = _Rewriter.OFF
-  return eager_context.FunctionCallOptions(executor_type=options.executor_type,
-                                           config_proto=config)
+  return internals.function_call_options(executor_type=options.executor_type,
+                                         config_proto=config)
 
 
 @contextlib.contextmanager
@@ -68,7 +68,7 @@ def applied(lean: bool):
   if not lean:
     yield
     return
-  context = eager_context.context()
+  context = internals.eager_context()
   before = context.function_call_options
   # The same options object until something changes them: build its lean
   # version once (a proto round trip per loop call otherwise).

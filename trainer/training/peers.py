@@ -21,8 +21,8 @@ import faulthandler
 import threading
 
 import tensorflow as tf
-from tensorflow.python.eager import context
 
+from trainer import internals
 from trainer.errors import ExitCode, TrainerError, UserCodeError, one_line
 from trainer.training.watchdog import PEER_ERRORS, peer_of
 
@@ -77,7 +77,7 @@ def tell_peers(error):
   """Reports `error` to the cluster's coordination service, if this process is a
   worker of one; best effort (the service may be gone), and bounded by
   REPORT_SECONDS."""
-  ctx = context.context()
+  ctx = internals.eager_context()
   if not ctx.coordination_service:
     return
   what = one_line(error)
