@@ -202,3 +202,29 @@ class FailsAfter(keras.metrics.Metric):
 class FailingMetric(Imbalanced):
   def build_metrics(self):
     return {"fragile": FailsAfter()}
+
+
+class ExampleCount(keras.metrics.Metric):
+  """Counts the examples it is given, ignoring their weights (as many a user's
+  metric does)."""
+
+  def __init__(self, name="count", **kwargs):
+    super().__init__(name=name, **kwargs)
+    self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    del y_true, sample_weight
+    self.count.assign_add(tf.cast(tf.shape(y_pred)[0], tf.float32))
+
+  def result(self):
+    return tf.convert_to_tensor(self.count)
+
+
+@dataclasses.dataclass
+class CountingMetric(Imbalanced):
+  """100 eval examples, padded to whole global batches: the count must be 100."""
+
+  eval_examples: int = 100
+
+  def build_metrics(self):
+    return {"count": ExampleCount()}

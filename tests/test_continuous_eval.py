@@ -2,6 +2,7 @@
 in step order, with the numbers --mode=eval gives; what it writes; a restart
 after SIGKILL going on where it was; and the evaluator of a TF_CONFIG cluster."""
 
+import glob
 import json
 import os
 import re
@@ -9,8 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
+import tensorflow as tf
 
 import trainer
 from conftest import REPO, cli_env, read_results, run_cli
@@ -148,3 +151,69 @@ def test_an_older_results_json_does_not_end_the_evaluation_of_a_resumed_run(
   assert "continuous_eval: no new checkpoint for --eval_timeout=1s; stopping" in out
   assert "the run finished" not in out
   assert set(state["evaluated"]) == {"0", "10", "20"}
+
+
+def test_an_end_written_by_a_host_with_a_slow_clock_ends_the_evaluation(
+    tmp_path, capsys):
+  """The run's invocation ends (--max_time: not finished) while the evaluator
+  watches, on a host whose clock is an hour behind: results.json's time is older
+  than the evaluator's start, yet it records another invocation's end. (The
+  evaluator compared that time with its own clock, and waited for
+  --eval_timeout.)"""
+  model_dir = str(tmp_path / "run")
+  trainer.train(trainer.Config(mode="train", train_steps=20, checkpoint_every=10,
+                               summaries=False, model_dir=model_dir))
+  path = os.path.join(model_dir, "results.json")
+  with open(flags := os.path.join(model_dir, "flags.txt")) as f:
+    text = f.read()
+  with open(flags, "w") as f:  # A resumed invocation trains on.
+    f.write(text.replace("--train_steps=20", "--train_steps=40"))
+
+  def the_invocation_ends(seconds):
+    del seconds
+    ended = read_results(model_dir)
+    if ended["status"] != "time_limit":
+      ended.update(status="time_limit", invocation="the resumed invocation")
+      with open(path, "w") as f:
+        json.dump(ended, f)
+      past = time.time() - 3600
+      os.utime(path, (past, past))
+
+  state = continuous_eval.evaluate_continuously(
+      trainer.Config(mode="continuous_eval", model_dir=model_dir,
+                     eval_timeout="20s"), sleep=the_invocation_ends)
+  out = capsys.readouterr().out
+  assert "continuous_eval: the run finished at step 20, evaluated" in out
+  assert set(state["evaluated"]) == {"0", "10", "20"}
+
+
+def test_a_checkpoint_deleted_while_it_is_read_leaves_nothing_for_the_next(
+    tmp_path, monkeypatch, capsys):
+  """--keep_checkpoints rotates step 10 away while the evaluator reads it, at
+  any moment of the read: it is skipped, and steps 20 and 30 are evaluated."""
+  model_dir = str(tmp_path / "run")
+  trainer.train(trainer.Config(mode="train", train_steps=30, checkpoint_every=10,
+                               keep_checkpoints=5, summaries=False, ema_decay=0.9,
+                               model_dir=model_dir))
+  prefix = os.path.join(model_dir, "checkpoints", "ckpt-10")
+  real = tf.train.Checkpoint.restore
+
+  def restore_while_rotated(checkpoint, path, *args, **kwargs):
+    if path != prefix:
+      return real(checkpoint, path, *args, **kwargs)
+    for name in glob.glob(prefix + ".data*"):  # Data first, as a rotation does.
+      os.remove(name)
+    try:
+      return real(checkpoint, path, *args, **kwargs)
+    finally:
+      if os.path.exists(prefix + ".index"):
+        os.remove(prefix + ".index")
+
+  monkeypatch.setattr(tf.train.Checkpoint, "restore", restore_while_rotated)
+  state = continuous_eval.evaluate_continuously(
+      trainer.Config(mode="continuous_eval", model_dir=model_dir, eval_timeout="1s"),
+      sleep=lambda s: None)
+  out = capsys.readouterr().out
+  assert "checkpoint of step 10 was deleted before it could be read" in out
+  assert state["evaluated"]["10"] is None
+  assert state["evaluated"]["20"] and state["evaluated"]["30"]

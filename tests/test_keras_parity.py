@@ -91,6 +91,18 @@ def test_eval_weights_weigh_the_eval_loss_and_metrics_as_keras_does(model_dir):
   _check_against_keras(model_dir, task)
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_the_eval_padding_never_reaches_a_metric(model_dir, replicas):
+  """A metric that counts its examples, ignoring their weights: 100 eval
+  examples padded to 128 (Keras evaluate: 100) counted 128."""
+  results = presets.train(
+      f"--per_replica_batch_size={64 // replicas}", task=keras_tasks.CountingMetric(),
+      model_dir=model_dir, cpu_devices=replicas, train_steps=2,
+      mode="train_and_eval")
+  assert results["eval"]["examples"] == 100
+  assert results["eval"]["count"] == 100
+
+
 @pytest.mark.parametrize("task, name, declared", [
     ("MaxErrorMetric", "max_error", "sum"), ("UnmergeableMetric", "last", "mean")])
 def test_a_metric_whose_state_does_not_merge_is_refused_in_one_line(
@@ -105,6 +117,17 @@ def test_a_metric_whose_state_does_not_merge_is_refused_in_one_line(
                  f"merge over replicas by its variables' declared aggregation "
                  f"({declared}): on 8 training examples it gives ")
   assert not os.path.exists(model_dir)
+
+
+def test_the_merge_check_runs_at_a_per_replica_batch_of_two(model_dir):
+  """The probe ran on the per-replica batch (2 here), under the 4 examples the
+  check splits: a running maximum declared "sum" passed without a word."""
+  process = run_cli("--task=keras_tasks:MaxErrorMetric", "--train_steps=5",
+                    "--cpu_devices=2", "--per_replica_batch_size=2",
+                    f"--model_dir={model_dir}", python_path=TESTS)
+  one_line_error(process, "Task.build_metrics()['max_error']: its state does not "
+                 "merge over replicas by its variables' declared aggregation "
+                 "(sum): on 4 training examples it gives ")
 
 
 def test_a_running_maximum_is_right_on_one_replica(model_dir):

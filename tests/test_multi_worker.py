@@ -331,6 +331,36 @@ def test_a_worker_failing_alone_stops_the_others_in_one_line(tmp_path):
   assert "Traceback" not in chief_err
 
 
+def test_a_peer_stuck_in_set_up_is_a_hang_named_by_phase(tmp_path):
+  """Worker 1's Task.prepare blocks while its process lives: the variables'
+  first broadcast waits for it. Within --hang_timeout both workers report a
+  hang of the set-up (each its hang file) and exit 7; before, the cluster
+  waited for ever, writing nothing and saying nothing."""
+  from trainer.distribute import launcher
+  ports = launcher.free_ports(2)
+  model_dir = tmp_path / "run"
+  env = cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "trainer.main", "--strategy=multi_worker",
+       "--task=user_tasks:PrepareHangsOffChief", "--cpu_devices=1",
+       "--train_steps=20", "--hang_timeout=10s", f"--model_dir={model_dir}"],
+      cwd=REPO, env=dict(env, TF_CONFIG=launcher.tf_config(ports, index)),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for index in range(2)]
+  try:
+    errors = [w.communicate(timeout=240)[1] for w in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+  for index, (worker, error) in enumerate(zip(workers, errors)):
+    assert worker.returncode == 7, error[-3000:]
+    line = next(line for line in error.splitlines() if line.startswith("error:"))
+    assert line.startswith(f"error: hang on worker-{index}: set-up made no "
+                           "progress for "), line
+    assert "before the first step" in line
+    assert (model_dir / f"hang-worker-{index}.txt").exists()
+
+
 def _threads(pid):
   """The thread count of a live process, from /proc (None once it is gone)."""
   try:

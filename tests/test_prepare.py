@@ -142,3 +142,20 @@ def test_preprocess_runs_once_over_arrays_bit_exactly_and_the_export_takes_raw_t
                                                    else v)
                                     for k, v in features.items()}))
   np.testing.assert_allclose(served["outputs"], expected, atol=1e-6)
+
+
+def test_a_random_preprocess_under_deterministic_runs_per_batch(tmp_path):
+  """--preprocess_once traced a random preprocess to decide whether it could
+  run once; under --deterministic an unseeded random op cannot be traced
+  without a global seed, and the run exited 1 blaming Task.preprocess. Now it
+  runs per batch (one line says so), as with --preprocess_once=false."""
+  flags = ["--task=user_tasks:NoisyPreprocess", "--train_steps=10",
+           "--deterministic", "--mode=train"]
+  once = run_cli(*flags, f"--model_dir={tmp_path / 'once'}", python_path=TESTS)
+  assert once.returncode == 0, once.stderr[-2000:]
+  assert ("Task.train_data(): Task.preprocess draws random numbers or keeps "
+          "state, so it runs on every batch") in once.stdout
+  per_batch = run_cli(*flags, "--preprocess_once=false",
+                      f"--model_dir={tmp_path / 'per_batch'}", python_path=TESTS)
+  assert per_batch.returncode == 0, per_batch.stderr[-2000:]
+  assert_bit_identical(tmp_path / "once", tmp_path / "per_batch")

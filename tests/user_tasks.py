@@ -2,6 +2,7 @@
 `--task=user_tasks:NAME` (with tests/ on PYTHONPATH) or passed to trainer.train."""
 
 import dataclasses
+import threading
 import time
 
 import keras
@@ -359,6 +360,18 @@ class PrepareFailsOffChief(Quadratic):
     return super().prepare(context)
 
 
+class PrepareHangsOffChief(Quadratic):
+  """Its prepare() never returns on every worker but the chief, whose process
+  lives on (a network filesystem that stopped answering)."""
+
+  layout_fields = ()
+
+  def prepare(self, context):
+    if not context.is_chief:
+      threading.Event().wait()
+    return super().prepare(context)
+
+
 @dataclasses.dataclass
 class MismatchedEval(Quadratic):
   """A mistake: eval features of another shape than the training ones."""
@@ -437,3 +450,84 @@ class NanMetric(Quadratic):
   def metrics(self, labels, outputs):
     zero = tf.reduce_sum(outputs - outputs, axis=-1)
     return dict(super().metrics(labels, outputs), ratio=zero / zero)
+
+
+@dataclasses.dataclass
+class ShapesChangeMidRun(Quadratic):
+  """A dataset whose elements have 3 features for the first 200, then 4 (a
+  feature added to the later files, say): the probe sees only the first."""
+
+  def train_data(self):
+    x, y = _quadratic_arrays(400, seed=0)
+    first = tf.data.Dataset.from_tensor_slices((x[:200], y[:200]))
+    later = tf.data.Dataset.from_tensor_slices(
+        (np.concatenate([x[200:], x[200:, :1]], axis=1), y[200:]))
+    return first.concatenate(later)
+
+  def eval_data(self):
+    return None
+
+
+@dataclasses.dataclass
+class BucketedSequences(Quadratic):
+  """Sequences batched by tf.data's bucket_by_sequence_length (padded batches
+  inside group_by_window), as a keras-io text pipeline does."""
+
+  def train_data(self):
+    lengths = tf.data.Dataset.range(400).map(lambda i: i % 5 + 1)
+    sequences = lengths.map(lambda n: (tf.ones([n, 3]), tf.ones([1])))
+    return sequences.bucket_by_sequence_length(
+        lambda x, y: tf.shape(x)[0], [3], [8, 8])
+
+  def eval_data(self):
+    return None
+
+
+@dataclasses.dataclass
+class NoisyPreprocess(Quadratic):
+  """Task.preprocess adds noise (an augmentation written in preprocess)."""
+
+  def preprocess(self, features):
+    return features + tf.random.uniform(tf.shape(features), maxval=0.01)
+
+
+@dataclasses.dataclass
+class BatchedInFlatMap(Quadratic):
+  """Two parts of the data, each batched by 32 inside a flat_map (batches the
+  dataset objects' attributes do not show); `batched=false`: the same examples,
+  concatenated, in the same order. `mixed`: one part batched, one not."""
+
+  batched: bool = True
+  mixed: bool = False
+
+  def train_data(self):
+    x, y = _quadratic_arrays(512, seed=0)
+    parts = [tf.data.Dataset.from_tensor_slices((x[:256], y[:256])),
+             tf.data.Dataset.from_tensor_slices((x[256:], y[256:]))]
+    if not self.batched:
+      return parts[0].concatenate(parts[1])
+    if self.mixed:
+      return tf.data.Dataset.sample_from_datasets([parts[0].batch(32), parts[1]],
+                                                  seed=1)
+    whole = parts[0].concatenate(parts[1])
+    return tf.data.Dataset.range(2).flat_map(
+        lambda i: whole.skip(i * 256).take(256).batch(32))
+
+  def build_model(self):  # No keras.Input: Dense would take [8, 32, 3] too.
+    return keras.Sequential([keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(1)])
+
+  def eval_data(self):
+    return None
+
+
+@dataclasses.dataclass
+class RaggedBatches(Quadratic):
+  """Sequences of varying lengths in tf.data's ragged_batch."""
+
+  def train_data(self):
+    lengths = tf.data.Dataset.range(400).map(lambda i: i % 5 + 1)
+    return lengths.map(lambda n: (tf.ones([n, 3]), tf.ones([1]))).ragged_batch(8)
+
+  def eval_data(self):
+    return None

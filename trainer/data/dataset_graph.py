@@ -1,71 +1,281 @@
-"""What a tf.data.Dataset's graph says of it, read without running it: whether a
-second read gives the same elements (or the same ones in another order), and
-whether it batches its examples.
+"""What a tf.data.Dataset's graph says of it, read without running it: whether
+its elements are batches of examples, and whether a second read gives the same
+elements (or the same ones in another order).
 
-The framework holds a dataset in memory (decoded once) only where a second read
-gives its elements again (streams.StreamData.gather_input), and takes a batched
-dataset as its examples (`as_examples`).
+The graph (`DatasetGraph`) holds every dataset op the dataset was built from,
+and the functions of its maps, interleaves and windows, with the datasets those
+functions return. Both questions are answered by walking it from the output,
+op by op, through the functions: what matters is what each op does to its
+input's elements, not which Python objects built it (a dataset of batched
+datasets sampled by `sample_from_datasets`, or batched inside `flat_map`, is
+batched, whatever attributes the Python objects keep).
 """
 
+import dataclasses
 import re
 from typing import Optional
 
 import tensorflow as tf
-from tensorflow.python.framework import op_def_registry  # Is an op stateful?
 
-from trainer.errors import DataError
+from trainer import internals
 
-# Ops after which reading a dataset again may give other elements, besides every
-# stateful op that is not a dataset's source (a variable read, a random op), nor
-# one that only checks or prints (the same values either way).
-_VARYING_OPS = ("Random", "Shuffle", "PyFunc", "Generator")
-_DATASET_OP = re.compile(r"Dataset(V\d+)?$")
-_CHECKS = ("Assert", "Print", "PrintV2")
-# A shuffle of a dataset's elements: other orders, the same elements...
-_ORDER_ONLY = re.compile(r"^Shuffle(AndRepeat)?Dataset(V\d+)?$")
-# ...unless a part of them is taken after it (a batch may drop its remainder).
-_PARTS = ("Take", "Skip", "Shard", "Sample", "Window", "Filter", "Batch",
-          "ParallelBatch", "PaddedBatch")
 ORDER, ELEMENTS = "order", "elements"
+
+# Ops that put N elements in one (kind of batch for each).
+_BATCHING = {"BatchDataset": "batch", "ParallelBatchDataset": "batch",
+             "MapAndBatchDataset": "batch", "PaddedBatchDataset": "padded",
+             "DenseToSparseBatchDataset": "sparse",
+             "SlidingWindowDataset": "sliding window"}
+# Ops whose elements come from the datasets a function returns, with the
+# function's attribute name.
+_FROM_FUNCTION = {"FlatMapDataset": "f", "InterleaveDataset": "f",
+                  "ParallelInterleaveDataset": "f",
+                  "LegacyParallelInterleaveDataset": "f",
+                  "GroupByWindowDataset": "reduce_func"}
+# Ops whose elements are tuples of, or a choice among, their inputs' elements.
+_COMBINING = ("ZipDataset", "ConcatenateDataset", "DirectedInterleaveDataset",
+              "ChooseFromDatasets")
+# Ops after which another order of the input gives other elements: the parts
+# taken, the groups made, the pairs or running states formed.
+_ORDER_SENSITIVE = ("Take", "Skip", "Shard", "Window", "Batch", "ParallelBatch",
+                    "PaddedBatch", "MapAndBatch", "DenseToSparseBatch", "Zip",
+                    "Scan", "GroupByWindow", "GroupByReducer", "SlidingWindow",
+                    "DirectedInterleave", "Sampling", "TakeWhile", "Rebatch")
+_SHUFFLES = re.compile(r"^Shuffle(AndRepeat)?Dataset$")
+_PYTHON_OPS = ("PyFunc", "EagerPyFunc", "GeneratorDataset")
+_CHECKS = ("Assert", "Print", "PrintV2")  # Stateful, but the same values.
+
+
+def _kind(op: str) -> str:
+  """An op's name without its version and "Experimental" prefix."""
+  return re.sub(r"V\d+$", "", op.replace("Experimental", "", 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching:
+  """How a dataset's elements relate to examples.
+
+  Attributes:
+    depth: how many batch() apply to an element (0: examples), or None where
+      the graph cannot tell (`why`).
+    kind: the outermost batch's kind ("batch", "padded", "ragged", ...).
+    why: what cannot be decided, in words (depth None).
+  """
+  depth: Optional[int]
+  kind: Optional[str] = None
+  why: Optional[str] = None
+
+
+class DatasetGraph:
+  """A dataset's graph and functions, walked from its output."""
+
+  def __init__(self, graph_def):
+    self._nodes = {node.name: node for node in graph_def.node}
+    self._functions = {f.signature.name: f for f in graph_def.library.function}
+    self.ops = {node.op for node in graph_def.node} | {
+        node.op for f in graph_def.library.function for node in f.node_def}
+    [output] = [node for node in graph_def.node if node.op == "_Retval"] or [None]
+    self._output = (None, output.input[0].split(":")[0]) if output else None
+
+  @classmethod
+  def of(cls, dataset: tf.data.Dataset) -> Optional["DatasetGraph"]:
+    """The graph of `dataset`, or None where it cannot be read (over protobuf's
+    2 GiB: a dataset of large in-memory tensors)."""
+    try:
+      serialized = internals.serialized_dataset_graph(dataset)
+      return cls(tf.compat.v1.GraphDef.FromString(serialized.numpy()))
+    except (tf.errors.OpError, ValueError, MemoryError):
+      return None
+
+  # A reference to a dataset: (scope, node name), where scope is None (the
+  # graph) or (function name, ((argument, reference or None), ...)) inside a
+  # function.
+
+  def _node(self, ref):
+    scope, name = ref
+    if scope is None:
+      return self._nodes.get(name)
+    function = self._functions[scope[0]]
+    return next((n for n in function.node_def if n.name == name), None)
+
+  def _resolve(self, scope, text: str):
+    """The reference an input string names in `scope` (following Identity),
+    or None where it is an element or an unknown argument."""
+    name = text.lstrip("^").split(":")[0]
+    arguments = {} if scope is None else dict(scope[1])
+    if name in arguments:
+      return arguments[name]
+    node = self._node((scope, name))
+    while node is not None and node.op == "Identity":
+      name = node.input[0].split(":")[0]
+      if name in arguments:
+        return arguments[name]
+      node = self._node((scope, name))
+    return None if node is None else (scope, name)
+
+  def inputs(self, ref) -> list:
+    """The references of the datasets an op reads."""
+    node, scope = self._node(ref), ref[0]
+    found = []
+    for text in node.input:
+      if text.startswith("^"):
+        continue
+      source = self._resolve(scope, text)
+      if source is not None and self._node(source).op.endswith(
+          ("Dataset", "DatasetV2", "DatasetV3", "DatasetV4", "Datasets")):
+        found.append(source)
+    return found
+
+  def returned(self, ref, attribute: str) -> list:
+    """The datasets function `attribute` of op `ref` returns, its captured
+    arguments bound to the op's inputs (and a window argument to the op's
+    input dataset)."""
+    node, scope = self._node(ref), ref[0]
+    function = self._functions.get(node.attr[attribute].func.name)
+    if function is None:
+      return []
+    arguments = [arg.name for arg in function.signature.input_arg]
+    count = lambda attr: len(node.attr[attr].list.type) if attr in node.attr else 0
+    # The op's inputs: its dataset, then each function's captured arguments in
+    # the order of the op's definition (group_by_window: key_func's first).
+    offset = 1 + (count("Tkey_func_other_arguments")
+                  if attribute == "reduce_func" else 0)
+    captured = count("Targuments") or count(f"T{attribute}_other_arguments")
+    bound = {name: None for name in arguments}
+    own_inputs = [text for text in node.input if not text.startswith("^")]
+    outer = [self._resolve(scope, text)
+             for text in own_inputs[offset:offset + captured]]
+    if captured:
+      bound.update(zip(arguments[-captured:], outer))
+    if _kind(node.op) == "GroupByWindowDataset" and len(arguments) > 1:
+      bound[arguments[1]] = self.inputs(ref)[0]  # The window of input elements.
+    inner = (function.signature.name, tuple(bound.items()))
+    returns = [self._resolve(inner, text) for text in function.ret.values()]
+    return [r for r in returns if r is not None and self._node(r) is not None]
+
+  def function_ops(self, ref) -> set:
+    """The ops of every function an op calls, nested ones included."""
+    node = self._node(ref)
+    pending = [attr.func.name for attr in node.attr.values() if attr.func.name]
+    seen, ops = set(), set()
+    while pending:
+      name = pending.pop()
+      if name in seen or name not in self._functions:
+        continue
+      seen.add(name)
+      for inner in self._functions[name].node_def:
+        ops.add(inner.op)
+        pending += [a.func.name for a in inner.attr.values() if a.func.name]
+        if inner.op in self._functions:
+          pending.append(inner.op)
+    return ops
+
+  # ---- Batching. ----
+
+  def batching(self, ref=None, seen=None) -> Batching:
+    ref = ref or self._output
+    if ref is None:
+      return Batching(None, why="its graph has no output")
+    seen = set() if seen is None else seen
+    if ref in seen:
+      return Batching(0)
+    seen = seen | {ref}
+    kind = _kind(self._node(ref).op)
+    if kind == "WindowDataset":
+      return Batching(None, why="it yields datasets (window())")
+    if kind in _FROM_FUNCTION:
+      return _same([self.batching(r, seen)
+                    for r in self.returned(ref, _FROM_FUNCTION[kind])])
+    inputs = self.inputs(ref)
+    if kind in ("DirectedInterleaveDataset", "ChooseFromDatasets"):
+      inputs = inputs[1:]  # The first is the selector.
+    below = _same([self.batching(r, seen) for r in inputs]) if inputs else Batching(0)
+    if below.depth is None:
+      return below
+    if kind in _BATCHING:
+      return Batching(below.depth + 1, _BATCHING[kind])
+    if kind == "UnbatchDataset":
+      return Batching(max(below.depth - 1, 0), below.kind if below.depth > 1 else None)
+    if "Batch" in kind and kind != "RebatchDataset":
+      return Batching(None, why=f"it uses {self._node(ref).op}, whose batching "
+                      "trainer does not know")
+    return below
+
+  # ---- Reading again. ----
+
+  def read_variation(self, ref=None, memo=None) -> Optional[str]:
+    """None, ORDER or ELEMENTS for the dataset at `ref` (see `read_variation`)."""
+    ref = ref or self._output
+    if ref is None:
+      return ELEMENTS
+    memo = {} if memo is None else memo
+    if ref in memo:
+      return memo[ref]
+    memo[ref] = None  # A cycle adds nothing.
+    node = self._node(ref)
+    kind = _kind(node.op)
+    sources = self.inputs(ref)
+    if kind in _FROM_FUNCTION:
+      sources = sources + self.returned(ref, _FROM_FUNCTION[kind])
+    below = [self.read_variation(r, memo) for r in sources]
+    unordered = "deterministic" in node.attr and (
+        node.attr["deterministic"].s == b"false")  # A parallel map's, say.
+    if ELEMENTS in below or _varying_work(self.function_ops(ref) | {node.op}):
+      variation = ELEMENTS
+    elif ORDER in below and kind.replace("Dataset", "") in _ORDER_SENSITIVE:
+      variation = ELEMENTS
+    elif ORDER in below or _SHUFFLES.match(kind) or unordered:
+      variation = ORDER
+    else:
+      variation = None
+    memo[ref] = variation
+    return variation
+
+
+def _same(results: list) -> Batching:
+  """The batching of elements that come from any of `results`' datasets."""
+  undecided = next((r for r in results if r.depth is None), None)
+  if undecided is not None:
+    return undecided
+  depths = {r.depth for r in results}
+  if len(depths) > 1:
+    return Batching(None, why="it mixes batches and single examples (datasets "
+                    f"batched {sorted(depths)} times)")
+  return results[0] if results else Batching(0)
+
+
+def _varying_work(ops: set) -> bool:
+  """Whether ops give other values on another read: random or stateful ops (a
+  variable read, a random generator) or Python, besides dataset ops, checks and
+  shuffles (an order)."""
+  for op in ops:
+    if any(word in op for word in ("Random", *_PYTHON_OPS)):
+      if not _SHUFFLES.match(_kind(op)):
+        return True
+      continue
+    stateful = internals.op_is_stateful(op)
+    if stateful and not op.startswith("_") and op not in _CHECKS and not (
+        op.endswith(("Dataset", "DatasetV2", "DatasetV3", "DatasetV4"))):
+      return True
+  return False
 
 
 def dataset_ops(dataset: tf.data.Dataset) -> Optional[set]:
-  """The names of the ops of `dataset`'s graph and of its functions (the maps'),
-  or None where the graph cannot be read (over protobuf's 2 GiB)."""
-  try:
-    serialized = dataset._as_serialized_graph(  # noqa: SLF001 (no public way)
-        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
-    graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
-  except (tf.errors.OpError, ValueError, MemoryError):
-    return None
-  return {node.op for node in graph.node} | {
-      node.op for function in graph.library.function for node in function.node_def}
+  """The names of the ops of `dataset`'s graph and of its functions, or None
+  where the graph cannot be read (over protobuf's 2 GiB)."""
+  graph = DatasetGraph.of(dataset)
+  return None if graph is None else graph.ops
 
 
 def read_variation(dataset: tf.data.Dataset) -> Optional[str]:
   """What reading `dataset` again may change: None (nothing), ORDER (its
-  elements come in another order: its only varying ops shuffle it, and no part
-  of it is taken), or ELEMENTS (other elements may come: a random or stateful op
-  (a variable, a random generator), Python (a generator, a py_function), or a
-  graph that cannot be read, over protobuf's 2 GiB: such data is not held in
-  memory either)."""
-  ops = dataset_ops(dataset)
-  if ops is None:
-    return ELEMENTS
-  varying = set()
-  for op in ops:
-    definition = op_def_registry.get(op)
-    if any(word in op for word in _VARYING_OPS) or (
-        definition is not None and definition.is_stateful and
-        not _DATASET_OP.search(op) and not op.startswith("_") and
-        op not in _CHECKS):
-      varying.add(op)
-  if not varying:
-    return None
-  if all(_ORDER_ONLY.match(op) for op in varying) and not any(
-      op.startswith(_PARTS) for op in ops):
-    return ORDER
-  return ELEMENTS
+  elements come in another order: shuffles, nondeterministic parallel maps or
+  interleaves, with nothing after them that takes a part of the elements,
+  groups or pairs them), or ELEMENTS (other elements may come: random or
+  stateful work, Python, an order-sensitive op after an order that varies, or
+  a graph that cannot be read, over protobuf's 2 GiB)."""
+  graph = DatasetGraph.of(dataset)
+  return ELEMENTS if graph is None else graph.read_variation()
 
 
 def varies_between_reads(dataset: tf.data.Dataset) -> bool:
@@ -73,51 +283,15 @@ def varies_between_reads(dataset: tf.data.Dataset) -> bool:
   return read_variation(dataset) is not None
 
 
-# Batches whose examples unbatch() gives back as they were.
-_PLAIN_BATCHING = ("BatchDataset", "ParallelBatchDataset")
-_BATCHING = (*_PLAIN_BATCHING, "PaddedBatchDataset", "DenseToRaggedBatchDataset",
-             "BucketBySequenceLengthDataset")
-
-
-def batching(dataset: tf.data.Dataset) -> Optional[str]:
-  """How `dataset` batches its elements (the kind of its batch() dataset not
-  undone by unbatch()), from the chain of datasets it was built from; None where
-  it yields single examples."""
-  pending = [dataset]
-  while pending:
-    current = pending.pop()
-    kind = type(current).__name__.lstrip("_")
-    if kind == "UnbatchDataset":
-      continue
-    if kind in _BATCHING:
-      return kind
-    # tf.data keeps the datasets a dataset was built from as these attributes.
-    pending += [d for d in [getattr(current, "_input_dataset", None),
-                            getattr(current, "_dataset_to_concatenate", None),
-                            *getattr(current, "_datasets", ())]
-                if isinstance(d, tf.data.Dataset)]
-  return None
-
-
-def as_examples(dataset: tf.data.Dataset, *, what: str, name: str = "the dataset"):
-  """(the examples of `dataset`, a note or None): a dataset that batches them
-  (a Keras user's `image_dataset_from_directory(batch_size=32)`, with
-  augmentation mapped over its batches) is unbatched, and the framework batches
-  its examples again into per-replica batches.
-
-  Raises:
-    DataError: it pads or ragged-batches them (their shapes differ from batch to
-      batch: unbatched, they could not be batched again).
-  """
-  kind = batching(dataset)
-  if kind is None:
-    return dataset, None
-  if kind not in _PLAIN_BATCHING:
-    raise DataError(
-        f"{what}: {name} yields padded or ragged batches ({kind}; elements "
-        f"{dataset.element_spec}), whose shapes differ from batch to batch: return "
-        "its examples with one shape, unbatched (e.g. padded or cropped to one "
-        "length), and the framework batches them")
-  return dataset.unbatch(), (
-      f"{what}: {name} yields batches; the framework unbatches them and batches "
-      "the examples again, one per-replica batch per replica per step")
+def batching(dataset: tf.data.Dataset) -> Batching:
+  """How `dataset`'s elements relate to examples, from its graph (a ragged
+  batch shows in its element spec); depth None with `why` where it cannot be
+  told, and for a graph that cannot be read."""
+  graph = DatasetGraph.of(dataset)
+  if graph is None:
+    return Batching(None, why="its graph cannot be read (over 2 GiB)")
+  found = graph.batching()
+  if found.depth and any(isinstance(spec, tf.RaggedTensorSpec)
+                         for spec in tf.nest.flatten(dataset.element_spec)):
+    return Batching(found.depth, "ragged")
+  return found

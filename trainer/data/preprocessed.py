@@ -23,12 +23,9 @@ import tensorflow as tf
 from trainer.autograph import graph_code
 from trainer.data import gather
 from trainer.data.arrays import ArrayData
-from trainer.data.dataset_graph import dataset_ops
+from trainer.data.dataset_graph import read_variation
 
 _CHUNK = 1024  # Examples preprocessed per call.
-# Ops of work that must happen on every read: random draws, state updates, Python.
-_PER_READ = ("Random", "AssignVariable", "AssignAddVariable", "AssignSubVariable",
-             "PyFunc", "EagerPyFunc")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +85,7 @@ def once(data, preprocess, *, what: str) -> tuple:
     return data, None
   mapped = (tf.data.Dataset.from_tensor_slices(data.features).batch(_CHUNK)
             .map(graph_code(preprocess)))
-  ops = dataset_ops(mapped)
-  if ops is None or any(word in op for op in ops for word in _PER_READ):
+  if read_variation(mapped) is not None:  # Random or stateful work, or Python.
     return data, (f"{what}: Task.preprocess draws random numbers or keeps state, "
                   "so it runs on every batch (a per-example map without random "
                   "work can run once, before training)")

@@ -25,7 +25,8 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from trainer.data import arrays, base, gather
-from trainer.data.dataset_graph import ELEMENTS, as_examples, read_variation
+from trainer.data.dataset_graph import ELEMENTS, read_variation
+from trainer.data.examples import as_examples
 from trainer.errors import DataError
 
 OFF = tf.data.experimental.AutoShardPolicy.OFF

@@ -5,6 +5,7 @@ import os
 import platform
 import statistics
 import time
+import uuid
 from typing import Optional
 
 import tensorflow as tf
@@ -82,6 +83,9 @@ class Results:
         "tf_version": tf.__version__,
         "python_version": platform.python_version(),
         "task": task,
+        # Which invocation wrote the file: a reader tells a new end from an old
+        # one by it, not by the file's time (hosts' clocks differ).
+        "invocation": uuid.uuid4().hex,
         "best_metric": best_metric,
         "best_goal": best_goal,
         **{k: self.previous[k] for k in _MEASURED if k in self.previous},

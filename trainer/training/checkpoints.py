@@ -54,8 +54,7 @@ class Checkpoints:
     # Restored separately: every core object must be in a checkpoint, while the
     # extras (the run record, averages, a task's state) may be absent from one
     # written before they existed.
-    self._core = tf.train.Checkpoint(**core)
-    self._extra = tf.train.Checkpoint(**extra)
+    self._core_objects, self._extra_objects = core, extra
     self._keep = keep
     self._scratch = trainer.cluster.scratch_dir(self.directory)
     self._read_only = read_only
@@ -130,8 +129,7 @@ class Checkpoints:
       if problems:
         raise ModelDirError(f"checkpoint {path} does not fit the model being built: "
                             f"{'; '.join(problems)}")
-      self._core.restore(path).assert_existing_objects_matched().expect_partial()
-      self._extra.restore(path).expect_partial()
+      self._read(path)
     except (tf.errors.NotFoundError, FileNotFoundError):
       if not os.path.exists(path + ".index"):
         return False
@@ -143,6 +141,15 @@ class Checkpoints:
                           ) from None
     self.record = self._record_variable.read()
     return True
+
+  def _read(self, path: str):
+    """Restores the checkpoint at `path` through roots made for this read alone:
+    a root keeps the restorations it defers (what the checkpoint holds that the
+    root does not), which would read this checkpoint's files again later, after
+    a live run rotated them away."""
+    tf.train.Checkpoint(**self._core_objects).restore(
+        path).assert_existing_objects_matched().expect_partial()
+    tf.train.Checkpoint(**self._extra_objects).restore(path).expect_partial()
 
   def _restore_newest(self, before):
     steps = [s for s in files.checkpoint_steps(self.directory)
@@ -156,8 +163,7 @@ class Checkpoints:
               f"checkpoint {path} does not fit the model being built: "
               f"{'; '.join(problems)}. The run was made with other flags or data; "
               "use those, or a new --model_dir")
-        self._core.restore(path).assert_existing_objects_matched().expect_partial()
-        self._extra.restore(path).expect_partial()
+        self._read(path)
       except tf.errors.NotFoundError:
         if not os.path.exists(path + ".index"):
           raise _Vanished() from None

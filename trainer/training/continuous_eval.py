@@ -103,7 +103,9 @@ class _Evaluator:
     self._metric, self._goal = evaluation.best_metric(
         built.config, built.task, built.trainer.reported_metrics)
     self._summaries = Summaries(model_dir, enabled=built.config.summaries)
-    self._started = time.time()
+    # The invocation whose end results.json records now: another one's end
+    # is an end since this evaluator started (no clock is compared).
+    self._seen_invocation = self._ended().get("invocation")
     self._directory = os.path.join(model_dir, checkpoint_files.CHECKPOINT_SUBDIR)
 
   @property
@@ -157,19 +159,23 @@ class _Evaluator:
     newest = max(checkpoint_files.checkpoint_steps(self._directory), default=-1)
     if newest > self.last_step:
       return False
-    path = os.path.join(self._model_dir, run_dir.RESULTS_FILE)
-    ended = run_dir.read_json(path) or {}
+    ended = self._ended()
     try:
       status = RunStatus(ended.get("status"))
-      ended_since = os.path.getmtime(path) >= self._started
-    except (ValueError, OSError):
+    except ValueError:
       return False
+    ended_since = ended.get("invocation") not in (None, self._seen_invocation)
     flags = config_lib.read_flagfile(os.path.join(self._model_dir,
                                                   run_dir.FLAGS_FILE)) or {}
     steps = flags.get("train_steps")
     reached = status != RunStatus.COMPLETED or (
         str(ended.get("global_step")) == str(steps))
     return ended_since or (status.finished and reached)
+
+  def _ended(self) -> dict:
+    """The run's results.json, written as an invocation ends ({} before)."""
+    ended = run_dir.read_json(os.path.join(self._model_dir, run_dir.RESULTS_FILE))
+    return ended if isinstance(ended, dict) else {}
 
   def export_best(self):
     """Exports the best checkpoint's weights to MODEL_DIR/export_best, as

@@ -22,6 +22,13 @@ RESERVED = ("loss", "examples", "weight", "step", *ROW_STATE)
 _LEDGER_COLUMN = re.compile(r"^replica_\d+$")
 
 
+def probe_size(per_replica_batch_size: int) -> int:
+  """Examples the probe runs on: up to 8, as a replica's batch has, and at least
+  4, so that the metrics' merge is checked (on two parts of two) however small
+  the per-replica batch."""
+  return max(4, min(per_replica_batch_size, 8))
+
+
 def model_and_objective(task: Task, train_data: TaskData, size: int, *,
                         class_weight=None, replicas: int = 1) -> tuple:
   """Builds the task's model and streaming metrics (call inside the strategy's

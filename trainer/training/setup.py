@@ -121,6 +121,9 @@ def _build_on(config: Config, task: Task, *, strategy, cluster: Cluster, console
         per_replica_batch_size=per_replica, global_batch_size=global_batch))
   train_data, eval_data = _task_data(task)
   if config.preprocess_once and type(task).preprocess is not Task.preprocess:
+    # Tracing a random preprocess needs a seed under --deterministic (the model's
+    # own seed is set again before it is built).
+    tf.random.set_seed(config.seed)
     train_data, eval_data = _preprocessed_once(task, train_data, eval_data, console)
   if config.mode is None:  # The default: evaluate where the task can.
     if eval_data is None and not loading:

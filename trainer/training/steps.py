@@ -130,7 +130,9 @@ def make_eval_loop(*, strategy, objective, model, ledger, totals,
     with user_ops.scope("model", type(model).__name__):
       outputs = float32_outputs(model(features, training=False))
     weights = weights * padding
-    objective.update_streaming(labels, outputs, weights)
+    # The padding never reaches a user's metric as data: a metric that counts
+    # its examples, ignoring the weights, counts only the real ones.
+    objective.update_streaming(*_real_rows(padding, labels, outputs, weights))
     sums = objective.metric_sums(labels, outputs, weights)
     sums["loss"] = tf.reduce_sum(objective.loss(labels, outputs, weights,
                                                 training=False))
@@ -159,6 +161,14 @@ def make_eval_loop(*, strategy, objective, model, ledger, totals,
     return objective.streaming_results()
 
   return eval_loop
+
+
+@tf.autograph.experimental.do_not_convert
+def _real_rows(padding, *nests):
+  """`nests` with the rows of padded examples (padding 0) taken out."""
+  rows = tf.reshape(tf.where(padding > 0), [-1])
+  return tuple(tf.nest.map_structure(lambda t: tf.gather(t, rows), nest)
+               for nest in nests)
 
 
 # The most steps an automatic loop call may have (--steps_per_loop=0); the vote

@@ -132,7 +132,7 @@ class Trainer:
     with _global_policy(optimization.mixed_precision), strategy.scope():
       keras.utils.set_random_seed(seed)
       model, objective, metric_names, reported = probe.model_and_objective(
-          task, train_data, min(per_replica_batch_size, 8),
+          task, train_data, probe.probe_size(per_replica_batch_size),
           class_weight=optimization.class_weights,
           replicas=strategy.num_replicas_in_sync)
       with user_code("Task.build_optimizer"):

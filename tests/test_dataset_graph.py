@@ -1,0 +1,127 @@
+"""What a dataset's graph says of it (trainer/data/dataset_graph.py): whether its
+elements are batches, wherever the batch() sits (inside flat_map, interleave,
+sample_from_datasets, group_by_window), and what a second read changes, op by
+op (zip, enumerate, scan after a shuffle; nondeterministic maps)."""
+
+import pytest
+import tensorflow as tf
+
+from trainer.data import dataset_graph
+from trainer.data.dataset_graph import ELEMENTS, ORDER
+
+from conftest import TESTS, one_line_error, read_results, run_cli, assert_bit_identical
+
+_EXAMPLES = tf.data.Dataset.range(100).map(lambda x: (tf.cast(x, tf.float32), x))
+_BATCHED = _EXAMPLES.batch(32)
+_SEQUENCES = tf.data.Dataset.range(100).map(lambda x: tf.fill([x % 5 + 1], x))
+
+BATCHING = {  # name: (dataset, depth, kind)
+    "examples": (_EXAMPLES, 0, None),
+    "batched": (_BATCHED, 1, "batch"),
+    "unbatched again": (_BATCHED.unbatch(), 0, None),
+    "mapped after batch": (_BATCHED.map(lambda x, y: (2 * x, y)), 1, "batch"),
+    "sample_from_datasets of batches": (
+        tf.data.Dataset.sample_from_datasets([_BATCHED, _BATCHED], seed=1), 1,
+        "batch"),
+    "batched inside flat_map": (
+        tf.data.Dataset.range(3).flat_map(lambda i: _EXAMPLES.batch(8)), 1, "batch"),
+    "batched inside interleave": (
+        tf.data.Dataset.range(3).interleave(lambda i: _EXAMPLES.batch(8),
+                                            num_parallel_calls=2), 1, "batch"),
+    "examples inside flat_map": (
+        tf.data.Dataset.range(3).flat_map(lambda i: _EXAMPLES), 0, None),
+    "batches of batches": (_BATCHED.batch(2), 2, "batch"),
+    "padded": (_SEQUENCES.padded_batch(4), 1, "padded"),
+    "bucket_by_sequence_length": (_SEQUENCES.bucket_by_sequence_length(
+        lambda x: tf.shape(x)[0], [3], [4, 4]), 1, "padded"),
+    "ragged_batch": (_SEQUENCES.ragged_batch(4), 1, "ragged"),
+    "from_tensors": (tf.data.Dataset.from_tensors(tf.zeros([10, 3])), 0, None),
+}
+
+
+@pytest.mark.parametrize("name", BATCHING)
+def test_batching_is_read_from_the_graph(name):
+  dataset, depth, kind = BATCHING[name]
+  found = dataset_graph.batching(dataset)
+  assert (found.depth, found.kind) == (depth, kind), found
+
+
+@pytest.mark.parametrize("dataset, why", [
+    (tf.data.Dataset.sample_from_datasets([_BATCHED, _EXAMPLES], seed=1),
+     "it mixes batches and single examples"),
+    (_EXAMPLES.window(4), "it yields datasets (window())")])
+def test_what_the_graph_cannot_tell_is_said(dataset, why):
+  found = dataset_graph.batching(dataset)
+  assert found.depth is None and found.why.startswith(why), found
+
+
+VARIATION = {  # name: (dataset, what a second read changes)
+    "plain": (_EXAMPLES, None),
+    "cached and repeated": (_EXAMPLES.cache().repeat(2).prefetch(2), None),
+    "unseeded shuffle": (_EXAMPLES.shuffle(10), ORDER),
+    "seeded shuffle, then a map": (
+        _EXAMPLES.shuffle(10, seed=1).map(lambda x, y: (x + 1, y)), ORDER),
+    "nondeterministic parallel map": (
+        _EXAMPLES.map(lambda x, y: (x, y), num_parallel_calls=2,
+                      deterministic=False), ORDER),
+    "zip after a shuffle": (
+        tf.data.Dataset.zip((_EXAMPLES.shuffle(10), tf.data.Dataset.range(100))),
+        ELEMENTS),
+    "enumerate after a shuffle": (_EXAMPLES.shuffle(10).enumerate(), ELEMENTS),
+    "scan after a shuffle": (
+        _EXAMPLES.shuffle(10).scan(0.0, lambda s, e: (s + e[0], (s, e[1]))),
+        ELEMENTS),
+    "batch after a shuffle": (_EXAMPLES.shuffle(10).batch(4), ELEMENTS),
+    "take after a nondeterministic map": (
+        _EXAMPLES.map(lambda x, y: (x, y), num_parallel_calls=2,
+                      deterministic=False).take(10), ELEMENTS),
+    "a random map": (_EXAMPLES.map(lambda x, y: (x + tf.random.uniform([]), y)),
+                     ELEMENTS),
+    "a generator": (tf.data.Dataset.from_generator(
+        lambda: iter([1, 2]), output_signature=tf.TensorSpec([], tf.int32)),
+                    ELEMENTS),
+}
+
+
+@pytest.mark.parametrize("name", VARIATION)
+def test_what_a_second_read_changes(name):
+  dataset, expected = VARIATION[name]
+  assert dataset_graph.read_variation(dataset) == expected
+
+
+def test_batches_inside_a_flat_map_are_unbatched_and_train_as_examples(tmp_path):
+  """Batches of 32 made inside a flat_map: each step trained on 8 batches of
+  32 (256 examples) while results.json counted 8. Now they are unbatched, one
+  line says so, and the run equals one on the same examples unbatched."""
+  flags = ["--train_steps=10", "--per_replica_batch_size=8", "--deterministic",
+           "--mode=train"]
+  batched = run_cli("--task=user_tasks:BatchedInFlatMap", *flags,
+                    f"--model_dir={tmp_path / 'batched'}", python_path=TESTS)
+  assert batched.returncode == 0, batched.stderr[-2000:]
+  assert ("Task.train_data(): the dataset yields batches; the framework unbatches "
+          "them") in batched.stdout
+  plain = run_cli("--task=user_tasks:BatchedInFlatMap", "--task.batched=false",
+                  *flags, f"--model_dir={tmp_path / 'plain'}", python_path=TESTS)
+  assert plain.returncode == 0, plain.stderr[-2000:]
+  assert_bit_identical(tmp_path / "batched", tmp_path / "plain")
+  assert read_results(tmp_path / "batched")["replica_examples"] == {"replica_0": 80}
+
+
+@pytest.mark.parametrize("task, fragment", [
+    ("BatchedInFlatMap --task.mixed=true", "Task.train_data(): cannot tell whether "
+     "the dataset's elements are examples or batches: it mixes batches and single "
+     "examples"),
+    ("BucketedSequences", "Task.train_data(): the dataset yields padded batches, "
+     "whose shapes differ from batch to batch"),
+    ("RaggedBatches", "Task.train_data(): the dataset yields ragged batches, "
+     "whose shapes differ from batch to batch")])
+def test_batches_that_cannot_be_examples_are_refused_in_one_line(tmp_path, task,
+                                                                 fragment):
+  """bucket_by_sequence_length's padded batches hid inside group_by_window: a
+  50-line traceback, and a process that never ended; ragged_batch trained."""
+  name, *extra = task.split()
+  model_dir = tmp_path / "run"
+  process = run_cli(f"--task=user_tasks:{name}", *extra, "--train_steps=5",
+                    f"--model_dir={model_dir}", python_path=TESTS)
+  one_line_error(process, fragment)
+  assert not model_dir.exists()
