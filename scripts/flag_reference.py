@@ -29,7 +29,7 @@ def main():
   print(HEADER)
   print(config.flag_table())
   print(TASKS)
-  print("\n\n".join(config.flags.task_flag_table(tasks.load_task_class(name), name)
+  print("\n\n".join(config.reference.task_flag_table(tasks.load_task_class(name), name)
                     for name in tasks.BUILTIN))
 
 

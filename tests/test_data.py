@@ -241,5 +241,5 @@ def test_a_batched_dataset_is_taken_as_its_examples():
     np.testing.assert_array_equal(x, twice * windows.batch(20).get_single_element()[0])
   assert data.as_task_data(windows.batch(5).unbatch(),
                            what="Task.train_data()").note is None
-  with pytest.raises(DataError, match="yields padded or ragged batches"):
+  with pytest.raises(DataError, match="yields padded batches, whose shapes differ"):
     data.as_task_data(windows.padded_batch(5), what="Task.train_data()")

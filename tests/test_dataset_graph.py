@@ -125,3 +125,16 @@ def test_batches_that_cannot_be_examples_are_refused_in_one_line(tmp_path, task,
                     f"--model_dir={model_dir}", python_path=TESTS)
   one_line_error(process, fragment)
   assert not model_dir.exists()
+
+
+def test_reading_a_vocabulary_or_a_variable_is_no_variation():
+  """A TextVectorization's lookup table and a Normalization's variables read
+  the same values every time; assigning a variable in the pipeline does not."""
+  import keras
+  vectorize = keras.layers.TextVectorization(max_tokens=10)
+  vectorize.adapt(["a b c", "b c d"])
+  counter = tf.Variable(0)
+  texts = tf.data.Dataset.from_tensor_slices(["a b", "c d"])
+  assert dataset_graph.read_variation(texts.map(vectorize)) is None
+  assert dataset_graph.read_variation(
+      texts.map(lambda t: (t, counter.assign_add(1)))) == ELEMENTS

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 import trainer
-from trainer.training import equivalence, run
+from trainer.outputs.console import Console
+from trainer.training import equivalence
 
 from conftest import TESTS, assert_bit_identical, run_cli
 from layer_tasks import BatchNormTask, InBatchNegatives, RawFeatureNormTask
@@ -121,8 +122,9 @@ def test_a_global_batch_that_does_not_fit_one_device_is_said(monkeypatch, capsys
       assert phase == "the equivalence check"
       return tf.name_scope("guarded")
 
-  run._verify_equivalence(Trainer(), None, trainer.outputs.console.Console(
-      total_steps=1, is_chief=True, progress_lines=False), None, Watchdog(),
-      strict=True)
+  equivalence.check_before_training(
+      Trainer(), None, console=Console(total_steps=1, is_chief=True,
+                                       progress_lines=False),
+      vote=None, watchdog=Watchdog(), strict=True)
   assert ("equivalence: not checked: the global batch of 4096 does not fit one "
           "device") in capsys.readouterr().out

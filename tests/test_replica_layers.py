@@ -116,3 +116,15 @@ def test_jit_compile_with_synchronized_batchnorm_is_refused_in_one_line(tmp_path
       "(--sync_batchnorm) all-reduces inside the compiled step, which XLA cannot")):
     _train(tmp_path / "run", replicas=2, jit_compile=True)
   assert not (tmp_path / "run").exists()
+
+
+def test_a_replay_keeps_the_runs_batchnorm_setting(tmp_path):
+  """--sync_batchnorm belongs to the run, not to the process that opens it: an
+  invocation's value (a replay passing its own flags) replaced the run's."""
+  from trainer.training.open_run import open_run
+  model_dir = tmp_path / "run"
+  _train(model_dir, replicas=2, train_steps=2, sync_batchnorm=False)
+  built = open_run(str(model_dir), mode="train", invocation=trainer.Config(
+      cpu_devices=2, sync_batchnorm=True, verify_equivalence="strict"))
+  assert built.config.sync_batchnorm is False
+  assert built.config.verify_equivalence == "false"

@@ -85,7 +85,7 @@ def run(actions=()):
   """
   interrupts.install()  # First: a signal at any later moment is a clean stop.
   if any(arg in _HELP for arg in sys.argv[1:]):
-    print(config_lib.flags.help_text(_task_of(sys.argv[1:])))
+    print(config_lib.reference.help_text(_task_of(sys.argv[1:])))
     sys.exit(int(ExitCode.OK))
   app.run(functools.partial(main, actions=actions), flags_parser=_parse_flags)
 

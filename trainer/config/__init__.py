@@ -12,13 +12,15 @@ cheaply.
 
 from trainer.config.config import Config
 from trainer.config.flags import (define_flags, field_choices, flag_kind,
-                                  flag_table, from_argv, from_flags, load_flagfile,
+                                  from_argv, from_flags, load_flagfile,
                                   prepare_flags, read_flagfile)
+from trainer.config.reference import flag_table
 from trainer.config.sections import (DEFAULT_PER_REPLICA_BATCH_SIZE,
-                                     HANG_TIMEOUT_FLOOR_SECONDS, TASK_FLAG_ALIASES,
-                                     DistributeConfig, InputConfig, LoopConfig,
-                                     OptimizationConfig, RunConfig, flag_names,
-                                     flag_value, parse_duration)
+                                     HANG_TIMEOUT_FLOOR_SECONDS, DistributeConfig,
+                                     InputConfig, LoopConfig, OptimizationConfig,
+                                     RunConfig, flag_names)
+from trainer.config.values import parse_duration
+from trainer.flag_spelling import TASK_FLAG_ALIASES, flag_value
 
 __all__ = ["Config", "DEFAULT_PER_REPLICA_BATCH_SIZE", "DistributeConfig",
            "HANG_TIMEOUT_FLOOR_SECONDS", "InputConfig", "LoopConfig",

@@ -2,12 +2,12 @@
 
 import dataclasses
 
-from trainer.config.sections import (TASK_FLAG_ALIASES, DistributeConfig,
-                                     InputConfig, LoopConfig, OptimizationConfig,
-                                     RunConfig, check_field, default_model_dir,
-                                     flag_names, flag_value,
-                                     parse_class_weight, parse_duration)
+from trainer.config.sections import (DistributeConfig, InputConfig, LoopConfig,
+                                     OptimizationConfig, RunConfig,
+                                     default_model_dir, flag_names)
+from trainer.config.values import check_field, parse_class_weight, parse_duration
 from trainer.errors import ConfigError
+from trainer.flag_spelling import TASK_FLAG_ALIASES, flag_value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,10 +11,10 @@ This module imports neither absl nor TensorFlow.
 
 import dataclasses
 import datetime
-import math
 import os
 from typing import Any, Optional, Sequence, Tuple
 
+from trainer.config.values import parse_class_weight, parse_duration
 from trainer.errors import ConfigError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
@@ -31,13 +31,7 @@ MIXED_PRECISION = ("none", "mixed_bfloat16", "mixed_float16")
 MAX_CPU_DEVICES = 64
 MAX_THREADS = 1024
 MAX_STEPS = 2**53  # Steps and step counts: exact in a float64 and an int64.
-MAX_DURATION_SECONDS = 100 * 365 * 86400.0  # --max_time, --hang_timeout: a century.
 DEFAULT_PER_REPLICA_BATCH_SIZE = 32
-# Flags of the built-in tasks' hyperparameters, kept from before tasks owned them:
-# --dataset=mnist is --task.dataset=mnist, for a task with that field.
-TASK_FLAG_ALIASES = ("dataset", "data_path", "train_files", "eval_files",
-                     "num_classes", "synthetic_examples", "synthetic_shape", "model",
-                     "dropout", "l2")
 HANG_TIMEOUT_FLOOR_SECONDS = 600.0  # --hang_timeout unset: at least 10 minutes.
 
 
@@ -91,6 +85,14 @@ class RunConfig:
   summaries: bool = field(True, "Write TensorBoard summaries and progress lines.")
   hparams: Sequence[str] = field((), "Flag names to record as TensorBoard HParams "
                                  "(sweeps set this).")
+  verify_equivalence: str = field(
+      "false", "At the step the run starts from, compare the gradients of the "
+      "global batch that step reads on the replicas with one device's, each "
+      "variable against the round-off floor measured in the same call (one "
+      "device, the batch in other orders), and print one line, naming a layer or "
+      "the loss on evidence when they differ (true, or bare "
+      "--verify_equivalence); strict: also exit 2 when they differ, leaving "
+      "nothing written.", choices=VERIFY_EQUIVALENCE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,17 +114,6 @@ class DistributeConfig:
       "then the chief requeues the job (scontrol requeue) and the run exits 4 with "
       "status requeued; the requeued job resumes. none: the signal's default "
       "action.", choices=REQUEUE_SIGNALS)
-  sync_batchnorm: bool = field(
-      True, "BatchNormalization normalises with the global batch's statistics "
-      "(every replica and worker, as synchronized=True), so N replicas train as one "
-      "device; false: each replica's own batch, as Keras fit does (their moving "
-      "statistics are averaged after every loop call).")
-  verify_equivalence: str = field(
-      "false", "Before step 1, compare the first global batch's gradients on the "
-      "replicas (one all-reduce) with one device's on the same weights and print "
-      "the largest difference against 1e-5, naming a layer or the loss above it "
-      "(true, or bare --verify_equivalence); strict: also exit 2 above it, before "
-      "anything is written.", choices=VERIFY_EQUIVALENCE)
   cpu_devices: int = field(1, "Split the CPU into this many logical devices (used "
                            "when no GPU is visible).", lower=1, upper=MAX_CPU_DEVICES)
   gpus: Optional[Sequence[int]] = field(
@@ -208,6 +199,11 @@ class InputConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimizationConfig:
   """How gradients become updates."""
+  sync_batchnorm: bool = field(
+      True, "BatchNormalization normalises with the global batch's moments (every "
+      "replica and worker, masked or not), so N replicas train as one device; "
+      "false: each replica's own batch, as Keras fit does (their moving "
+      "statistics are averaged at every step).")
   optimizer: str = field("adam", "adam, adamw (decoupled --weight_decay), lion, sgd "
                          "or momentum.", choices=OPTIMIZERS, layout=True)
   learning_rate: float = field(1e-3, "Peak learning rate (the schedule scales it).",
@@ -326,73 +322,6 @@ class LoopConfig:
     """--max_time in seconds (None when unset)."""
     return None if self.max_time is None else parse_duration(self.max_time,
                                                              flag="--max_time")
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str, *, flag: str) -> float:
-  """Seconds in "90m", "2h", "3600s", "1.5h" or a plain number of seconds.
-
-  Raises:
-    ConfigError: naming the flag and the forms that are valid.
-  """
-  value, unit = text.strip().lower(), "s"
-  if value and value[-1] in _UNITS:
-    value, unit = value[:-1], value[-1]
-  try:
-    seconds = float(value) * _UNITS[unit]
-  except ValueError:
-    seconds = float("nan")
-  if not (math.isfinite(seconds) and 0 < seconds <= MAX_DURATION_SECONDS):
-    raise ConfigError(f"{flag}={text}: must be a positive duration of at most 100 "
-                      "years, such as 90m, 2h or 3600s")
-  return seconds
-
-
-def parse_class_weight(text: str) -> dict:
-  """{class id: weight} of "0:1,1:50".
-
-  Raises:
-    ConfigError: naming --class_weight and the valid form.
-  """
-  weights = {}
-  try:
-    for pair in text.split(","):
-      label, weight = pair.split(":")
-      weights[int(label)] = float(weight)
-  except ValueError:
-    weights = {}
-  if not weights or min(weights) < 0 or not all(
-      math.isfinite(w) and w >= 0 for w in weights.values()):
-    raise ConfigError(f"--class_weight={text}: must be CLASS:WEIGHT pairs with "
-                      "class ids >= 0 and finite weights >= 0, e.g. 0:1,1:50")
-  return weights
-
-
-def flag_value(value) -> str:
-  """A value as its flag would spell it."""
-  if isinstance(value, (tuple, list)):
-    return ",".join(str(v) for v in value)
-  if isinstance(value, bool):
-    return "true" if value else "false"
-  return str(value)
-
-
-def check_field(f: dataclasses.Field, value):
-  """Raises ConfigError when `value` breaks field `f`'s choices or bounds."""
-  meta = f.metadata
-  if value is None or not meta["flag"]:
-    return
-  if meta["choices"] and value not in meta["choices"]:
-    raise ConfigError(f"--{f.name}={value}: must be one of "
-                      f"{', '.join(meta['choices'])}")
-  if isinstance(value, float) and not math.isfinite(value):
-    raise ConfigError(f"--{f.name}={value}: must be a finite number")
-  if meta["lower"] is not None and value < meta["lower"]:
-    raise ConfigError(f"--{f.name}={value}: must be >= {meta['lower']}")
-  if meta["upper"] is not None and value > meta["upper"]:
-    raise ConfigError(f"--{f.name}={value}: must be <= {meta['upper']}")
 
 
 def default_model_dir() -> str:

@@ -44,6 +44,12 @@ _ORDER_SENSITIVE = ("Take", "Skip", "Shard", "Window", "Batch", "ParallelBatch",
 _SHUFFLES = re.compile(r"^Shuffle(AndRepeat)?Dataset$")
 _PYTHON_OPS = ("PyFunc", "EagerPyFunc", "GeneratorDataset")
 _CHECKS = ("Assert", "Print", "PrintV2")  # Stateful, but the same values.
+# Stateful ops that only read a resource (a vocabulary's lookup table, a
+# normalisation's variables): the same values on every read, unless the
+# pipeline assigns them too (an Assign* op, which varies).
+_READS = ("ReadVariableOp", "VarHandleOp", "LookupTableFind", "LookupTableSize",
+          "LookupTableExport", "HashTable", "MutableHashTable",
+          "MutableDenseHashTable", "AnonymousHashTable")
 
 
 def _kind(op: str) -> str:
@@ -246,16 +252,16 @@ def _same(results: list) -> Batching:
 
 def _varying_work(ops: set) -> bool:
   """Whether ops give other values on another read: random or stateful ops (a
-  variable read, a random generator) or Python, besides dataset ops, checks and
-  shuffles (an order)."""
+  random generator, a variable's assignment) or Python, besides dataset ops,
+  checks, shuffles (an order) and reads of tables and variables."""
   for op in ops:
     if any(word in op for word in ("Random", *_PYTHON_OPS)):
       if not _SHUFFLES.match(_kind(op)):
         return True
       continue
     stateful = internals.op_is_stateful(op)
-    if stateful and not op.startswith("_") and op not in _CHECKS and not (
-        op.endswith(("Dataset", "DatasetV2", "DatasetV3", "DatasetV4"))):
+    if stateful and not op.startswith(("_", *_READS)) and op not in _CHECKS and (
+        not op.endswith(("Dataset", "DatasetV2", "DatasetV3", "DatasetV4"))):
       return True
   return False
 

@@ -47,7 +47,7 @@ import math
 import re
 from typing import ClassVar, Dict, Optional, Tuple
 
-from trainer.config.sections import TASK_FLAG_ALIASES, flag_value
+from trainer.flag_spelling import TASK_FLAG_ALIASES, flag_value
 from trainer.errors import ConfigError
 
 # What a metric may be called: it is a TensorBoard tag, a results.json key and a

@@ -12,7 +12,7 @@ import math
 import os
 from typing import Optional, Tuple
 
-from trainer.config.sections import flag_value
+from trainer.flag_spelling import flag_value
 from trainer.errors import ConfigError
 from trainer.tasks import image_data
 from trainer.tasks.base import (RunContext, Task, check_hyperparameters,

@@ -25,7 +25,7 @@ import tensorflow as tf
 from trainer.errors import ModelDirError, one_line
 from trainer.training import checkpoint_files as files
 from trainer.training.record import RecordVariable, RunRecord
-from trainer.training.trainer import Trainer, ledger_totals, set_ledger_totals
+from trainer.training.trainer import Trainer
 
 _VANISHED_RETRIES = 5
 
@@ -112,7 +112,7 @@ class Checkpoints:
           "until_step": step, "num_replicas": len(batches),
           "replica_batches": batches, "replica_examples": examples})
       batches = examples = None
-    set_ledger_totals(self._trainer, batches, examples)
+    self._trainer.train_ledger.set_totals(batches, examples)
     return step
 
   def restore_exactly(self, step: int) -> bool:
@@ -199,8 +199,8 @@ class Checkpoints:
       files.write_index(self.directory)
 
   def _store_record(self):
-    self.record.ledger_batches, self.record.ledger_examples = ledger_totals(
-        self._trainer)
+    self.record.ledger_batches, self.record.ledger_examples = (
+        self._trainer.train_ledger.totals())
     self.record.base_learning_rate = self._trainer.base_learning_rate
     self._record_variable.write(self.record)
 

@@ -134,6 +134,43 @@ def verify(trainer, train_data) -> Optional[Verdict]:
   return _verdict(trainer, distributed, single, recorder.layers)
 
 
+def check_before_training(trainer, train_data, *, console, vote, watchdog,
+                          strict: bool):
+  """--verify_equivalence in a run: the replicas against one device at the
+  trainer's step, in one line, under the hang watchdog (it holds collectives);
+  a global batch that does not fit one device is one line too. Under strict, a
+  difference is exit 2 (every worker agrees through `vote`).
+
+  Args:
+    trainer: the restored Trainer.
+    train_data: its training data.
+    console: where the line goes.
+    vote: `vote(phase, stop) -> bool` over every worker (StopPolicy.vote).
+    watchdog: the run's HangWatchdog.
+    strict: --verify_equivalence=strict.
+
+  Raises:
+    TaskError: strict, and the replicas differ from one device.
+  """
+  if mixed_precision(trainer):
+    console.say("equivalence: not checked under --mixed_precision: float16 and "
+                "bfloat16 round any two splits of a batch far apart")
+    return
+  with watchdog.guard("the equivalence check", step=trainer.step):
+    try:
+      verdict = verify(trainer, train_data)
+    except tf.errors.ResourceExhaustedError:
+      console.say(f"equivalence: not checked: the global batch of "
+                  f"{trainer.global_batch_size} does not fit one device")
+      return
+  if verdict is None:
+    console.say("equivalence: 1 replica: nothing to compare")
+    return
+  console.say(verdict.line())
+  if vote("the equivalence vote", strict and not verdict.holds):
+    raise refusal(verdict)
+
+
 def _verdict(trainer, distributed: dict, single: list, layers: list) -> Verdict:
   reference, reordered = single[0], single[1:]
   gradients = reference["gradients"]

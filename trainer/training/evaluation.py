@@ -58,8 +58,8 @@ def export_weights(built, directory: str, *, best: Optional[str] = None,
   trainer = built.trainer
   with contextlib.ExitStack() as stack:
     if best is not None:
-      stack.enter_context(trainer.best_weights(best))
-    stack.enter_context(trainer.evaluated_weights())
+      stack.enter_context(trainer.weights.best(best))
+    stack.enter_context(trainer.weights.evaluated())
     export.export_saved_model(trainer.model, built.task, directory,
                               feature_spec=built.train_data.feature_spec)
     return export.save_keras_model(trainer.model, directory) if keras_model else None

@@ -74,6 +74,17 @@ class ReplicaLedger:
     self.total_examples += expected_examples
     return self.total_batches.copy()
 
+  def totals(self) -> tuple:
+    """(batches, examples) per replica over the run, as lists for the record."""
+    return self.total_batches.tolist(), self.total_examples.tolist()
+
+  def set_totals(self, batches=None, examples=None):
+    """Sets the run's totals (zeros where None), e.g. from a checkpoint."""
+    zeros = np.zeros(self.num_replicas, np.int64)
+    self.total_batches = zeros if batches is None else np.array(batches, np.int64)
+    self.total_examples = (zeros.copy() if examples is None else
+                           np.array(examples, np.int64))
+
 
 class Totals:
   """Named ON_READ sums, reset at the start of each loop call."""

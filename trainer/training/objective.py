@@ -5,9 +5,8 @@ by each example's sample weight and, in training, its class weight
 (`Task.class_weight`); the task's per-example metrics as weighted sums; and its
 streaming Keras metrics (`Task.build_metrics`), updated on each replica with the
 weights and merged across replicas and workers when read, each variable by its
-declared aggregation (sum, mean or only_first_replica); a metric whose state that
-does not merge exactly (a running maximum declared "sum") is refused before the
-first step.
+declared aggregation (sum, mean or only_first_replica); metric_merge.py refuses,
+before the first step, a metric whose state does not merge exactly.
 """
 
 import inspect
@@ -20,7 +19,7 @@ import tensorflow as tf
 from trainer.autograph import graph_code
 from trainer.errors import ConfigError, TaskError, user_code
 from trainer.tasks.base import METRIC_NAME
-from trainer.training import user_ops
+from trainer.training import blame
 
 
 @tf.autograph.experimental.do_not_convert
@@ -54,7 +53,7 @@ class Objective:
     preprocess = graph_code(task.preprocess)
 
     def scoped_preprocess(features):
-      with user_ops.scope("preprocess"):
+      with blame.scope("preprocess"):
         return preprocess(features)
 
     self.preprocess = scoped_preprocess
@@ -78,7 +77,7 @@ class Objective:
 
   def per_example_loss(self, labels, outputs):
     """The task's loss of each example, unweighted."""
-    with user_ops.scope("loss"):
+    with blame.scope("loss"):
       return per_example(self._loss(labels, outputs))
 
   def loss(self, labels, outputs, weights, *, training: bool):
@@ -117,7 +116,7 @@ class Objective:
 
   def metric_sums(self, labels, outputs, weights) -> dict:
     """{name: weighted sum} of the task's per-example metrics."""
-    with user_ops.scope("metrics"):
+    with blame.scope("metrics"):
       metrics = self._metrics(labels, outputs)
     return {name: tf.reduce_sum(per_example(values) * weights)
             for name, values in metrics.items()}
@@ -126,7 +125,7 @@ class Objective:
     """Updates every streaming metric with this replica's batch (call in a replica
     context)."""
     for name, (update, key) in zip(self.streaming, self._updates):
-      with user_ops.scope("metric", name):
+      with blame.scope("metric", name):
         update(labels, outputs if key is None else outputs[key],
                sample_weight=weights)
 
@@ -249,92 +248,3 @@ def streaming_metrics(task, *, reserved) -> dict:
                       "(loss, examples, weight or one of Task.metrics())")
     metrics[name] = (metric, key)
   return metrics
-
-
-# How Keras merges a metric variable's replica copies when it is read, by its
-# declared aggregation; "none" cannot be read across replicas at all.
-_MERGES = {"sum": lambda states: np.sum(states, axis=0),
-           "mean": lambda states: np.mean(states, axis=0),
-           "only_first_replica": lambda states: states[0]}
-
-
-def check_merge(streaming: dict, labels, outputs, weights, *, parts: int = 2):
-  """Refuses a streaming metric whose state its variables' declared aggregation
-  does not merge exactly over replicas (a running maximum declared "sum", Keras's
-  default): the batch split in `parts`, each part on its own replica and the
-  states merged as the replicas' copies are, must give what one device gives
-  updated with the parts one after the other. Call on a probe batch; the metrics
-  are reset after.
-
-  Raises:
-    TaskError: naming the metric, its variables' aggregation and the two results.
-  """
-  batch = int(tf.shape(weights)[0])
-  if batch < 2 * parts:
-    return
-  # Parts of unequal sizes (a quarter, then the rest): replicas of an evaluation
-  # carry unequal weight (weight-0 padding), which a state merged by "mean" must
-  # survive.
-  bounds = np.array([0, *(batch * (i + 1) // (2 * parts) for i in range(parts - 1)),
-                     batch])
-  for name, (metric, key) in streaming.items():
-    _check_metric_merge(name, metric, labels, outputs if key is None else
-                        outputs[key], weights, bounds)
-
-
-def _check_metric_merge(name, metric, labels, predicted, weights, bounds):
-  """check_merge of one metric, on the batch's parts between `bounds`."""
-  def update(start, stop, *, reset=True):
-    part = lambda t: t[start:stop]  # noqa: E731
-    if reset:
-      metric.reset_state()
-    with user_code(f"Task.build_metrics()[{name!r}] (update_state)"):
-      metric.update_state(tf.nest.map_structure(part, labels),
-                          tf.nest.map_structure(part, predicted),
-                          sample_weight=weights[start:stop])
-
-  def result():
-    with user_code(f"Task.build_metrics()[{name!r}] (result)"):
-      return [np.asarray(v, np.float64) for v in tf.nest.flatten(metric.result())]
-
-  states = []
-  for start, stop in zip(bounds[:-1], bounds[1:]):
-    update(start, stop)
-    states.append([np.asarray(v.numpy()) for v in metric.variables])
-  aggregations = [str(getattr(v, "aggregation", "sum")).lower()
-                  for v in metric.variables]
-  unmergeable = [v.path for v, a in zip(metric.variables, aggregations)
-                 if a not in _MERGES]
-  if unmergeable:
-    raise TaskError(
-        f"Task.build_metrics()[{name!r}]: its state {unmergeable[0]} has "
-        "aggregation 'none', so its replicas' copies cannot be merged; declare "
-        "how (add_variable(..., aggregation='sum', 'mean' or 'only_first_replica'))")
-  for variable, aggregation, values in zip(metric.variables, aggregations,
-                                           zip(*states)):
-    variable.assign(_MERGES[aggregation](np.stack(values)))
-  merged = result()
-  metric.reset_state()
-  for start, stop in zip(bounds[:-1], bounds[1:]):
-    update(start, stop, reset=False)  # One device, batch after batch.
-  single = result()
-  metric.reset_state()
-  if all(np.allclose(m, s, rtol=1e-4, atol=1e-6, equal_nan=True)
-         for m, s in zip(merged, single)):
-    return
-  raise TaskError(
-      f"Task.build_metrics()[{name!r}]: its state does not merge over replicas by "
-      f"its variables' declared aggregation ({', '.join(sorted(set(aggregations)))}"
-      f"): on {int(bounds[-1])} training examples it gives {_short(merged)} split "
-      f"over {len(bounds) - 1} replicas but {_short(single)} on one device, so an "
-      "evaluation on several replicas or workers would report a wrong value. A "
-      "state such as a running maximum cannot be declared to Keras (its "
-      "aggregations are sum, mean and only_first_replica): keep sums in the "
-      "metric (e.g. counts of a histogram) and compute the rest in "
-      "Task.finalize_metrics")
-
-
-def _short(values: list) -> str:
-  flat = np.concatenate([np.ravel(v) for v in values]) if values else np.array([])
-  shown = ", ".join(f"{v:.4g}" for v in flat[:4])
-  return shown + (", ..." if flat.size > 4 else "")

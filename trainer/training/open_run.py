@@ -133,12 +133,12 @@ def load(model_dir: str, *, best: bool = False) -> tuple:
       raise ModelDirError(f"{model_dir}: no best checkpoint (it is kept by "
                           "--mode=train_and_eval runs)")
     try:
-      trainer.read_weights(path)
+      trainer.weights.read(path)
     except (tf.errors.OpError, ValueError) as e:  # A damaged file, not a bug.
       raise ModelDirError(f"{path}: the best checkpoint cannot be read "
                           f"({one_line(e)}); load the latest (best=False), or "
                           "rerun the evaluations") from None
-  trainer.use_evaluated_weights()
+  trainer.weights.use_evaluated()
   return built.task, _outside_the_strategy(built)
 
 

@@ -12,6 +12,7 @@ from trainer.data.base import weighted
 from trainer.errors import TaskError, user_code
 from trainer.tasks import Task
 from trainer.tasks.base import METRIC_NAME
+from trainer.training import metric_merge
 from trainer.training import objective as objectives
 from trainer.training.steps import float32_outputs
 from trainer.training.train_loop import ROW_STATE
@@ -86,7 +87,7 @@ def model_and_objective(task: Task, train_data: TaskData, size: int, *,
   for metric, _ in streaming.values():
     metric.reset_state()
   if replicas > 1:  # After the report: it leaves the metrics reset.
-    objectives.check_merge(streaming, labels, outputs, weights)
+    metric_merge.check_merge(streaming, labels, outputs, weights)
   scalars = tuple(name for name, value in reported.items()
                   if not isinstance(value, list))
   return model, objective, tuple(metrics), scalars

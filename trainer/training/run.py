@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import os
 
-import tensorflow as tf
 
 from trainer import actions as actions_lib
 from trainer import interrupts, tasks
@@ -157,8 +156,9 @@ def _train_built(built: setup.Built, *, actions: list, stop_request,
                   + "; nothing to train, nothing changed")
       return results.previous
     if config.verify_equivalence != "false" and trainer.step < config.train_steps:
-      _verify_equivalence(trainer, train_data, console, policy, watchdog,
-                          strict=config.verify_equivalence == "strict")
+      equivalence.check_before_training(
+          trainer, train_data, console=console, vote=policy.vote,
+          watchdog=watchdog, strict=config.verify_equivalence == "strict")
     summaries = Summaries(config.model_dir,
                           enabled=cluster.is_chief and config.summaries)
     stack.callback(summaries.close)
@@ -331,36 +331,11 @@ def _finished_before(previous: dict, step: int, restored, train_steps: int) -> b
           os.path.isdir(previous.get("export_dir") or ""))
 
 
-def _verify_equivalence(trainer, train_data, console, policy: StopPolicy,
-                        watchdog: HangWatchdog, *, strict: bool):
-  """--verify_equivalence: the replicas against one device at this step, in one
-  line; under strict, a difference beyond the floor is exit 2 (every worker
-  agrees) and the run leaves nothing written."""
-  if equivalence.mixed_precision(trainer):
-    console.say("equivalence: not checked under --mixed_precision: float16 and "
-                "bfloat16 round any two splits of a batch far apart")
-    return
-  with watchdog.guard("the equivalence check", step=trainer.step):
-    try:
-      verdict = equivalence.verify(trainer, train_data)
-    except tf.errors.ResourceExhaustedError:
-      verdict = None
-      console.say(f"equivalence: not checked: the global batch of "
-                  f"{trainer.global_batch_size} does not fit one device")
-  if verdict is None:
-    if trainer.num_replicas == 1:
-      console.say("equivalence: 1 replica: nothing to compare")
-    return
-  console.say(verdict.line())
-  if policy.vote("the equivalence vote", strict and not verdict.holds):
-    raise equivalence.refusal(verdict)
-
-
 def _warm_start(trainer, init_checkpoint: str, console):
   """--init_checkpoint: the model's weights that fit, before step 0."""
   path = find_checkpoint(init_checkpoint)
   restored, skipped = warm_start(trainer.model, path)
-  trainer.reset_averages()  # Average from the warm weights, not the random ones.
+  trainer.weights.reset_averages()  # From the warm weights, not the random ones.
   console.say(f"warm start from {path}: restored {len(restored)} of "
               f"{len(restored) + len(skipped)} model weights" +
               ("; not restored: " + ", ".join(f"{name} ({why})"

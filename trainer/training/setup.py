@@ -21,6 +21,7 @@ from trainer.tasks import RunContext, Task
 from trainer.training import checkpoint_files
 from trainer.training.checkpoints import Checkpoints
 from trainer.training.trainer import Trainer
+from trainer.training.trainer_build import build_trainer
 
 
 @dataclasses.dataclass
@@ -142,7 +143,7 @@ def _build_on(config: Config, task: Task, *, strategy, cluster: Cluster, console
   order = data.Order(seed=config.seed, shuffle=config.shuffle,
                      buffer=config.shuffle_buffer, global_batch_size=global_batch,
                      input_shards=_input_shards(config.model_dir, cluster, train_data))
-  trainer = Trainer.build(
+  trainer = build_trainer(
       task=task, strategy=strategy, cluster=cluster, train_data=train_data,
       optimization=config.optimization, order=order,
       per_replica_batch_size=per_replica, seed=config.seed,

@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from trainer.errors import ReplicaBatchError, UserCodeError
-from trainer.training import graph_passes, user_ops
+from trainer.training import blame, graph_passes
 
 _BATCH_CHECK = "per-replica batch check failed"
 _SUM = tf.distribute.ReduceOp.SUM
@@ -54,7 +54,7 @@ def call_checked(loop, *args, lean_graph_passes=False, explain_input_error=None)
   `lean_graph_passes` (Trainer.lean_graph_passes); its in-graph batch assertion
   becomes a ReplicaBatchError naming the replica, an error
   `explain_input_error(error)` explains (a bad record: a DataError) becomes that
-  error, and an op of the user's code that fails (user_ops) a UserCodeError
+  error, and an op of the user's code that fails (blame) a UserCodeError
   naming the method; others pass through."""
   try:
     with graph_passes.applied(lean_graph_passes):
@@ -84,7 +84,7 @@ def _raise_if_user_code(error: tf.errors.OpError):
   """Raises a UserCodeError naming the user's method whose op raised `error`."""
   if isinstance(error, _NOT_THE_USERS):
     return
-  method = user_ops.blame(error)
+  method = blame.method_of(error)
   if method is not None:
     raise UserCodeError(method, error) from error
 
@@ -127,7 +127,7 @@ def make_eval_loop(*, strategy, objective, model, ledger, totals,
 
   def replica_step(features, labels, weights, padding):
     ledger.record(check_batch(features, per_replica_batch_size))
-    with user_ops.scope("model", type(model).__name__):
+    with blame.scope("model", type(model).__name__):
       outputs = float32_outputs(model(features, training=False))
     weights = weights * padding
     # The padding never reaches a user's metric as data: a metric that counts

@@ -18,7 +18,7 @@ import dataclasses
 import tensorflow as tf
 
 from trainer.outputs import profile
-from trainer.training import replica_layers, user_ops
+from trainer.training import blame, replica_layers
 from trainer.training.objective import Objective
 from trainer.training.steps import check_batch, float32_outputs, loss_scale
 
@@ -175,7 +175,7 @@ class TrainLoop:
   def _forward_backward_fn(self, features, labels, weights):
     model, objective, rule = self._model, self._objective, self._rule
     with tf.GradientTape() as tape:
-      with user_ops.scope("model", type(model).__name__):
+      with blame.scope("model", type(model).__name__):
         outputs = float32_outputs(model(features, training=True))
       # Keras' sum_over_batch_size: the weighted losses' sum over the examples.
       loss = tf.nn.compute_average_loss(

@@ -1,29 +1,27 @@
 """The trainer: the model, optimizer, global step, update rule, ledgers, totals and
-compiled loops of one run, built under the strategy before the first step."""
+compiled loops of one run (trainer_build.py builds it under the strategy), and
+what it runs: loop calls, evaluations, votes."""
 
-import contextlib
 import dataclasses
-import functools
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from trainer.config import OptimizationConfig
 from trainer.data import Order, TaskData
 from trainer.distribute.cluster import Cluster
-from trainer.errors import ConfigError, user_code
+from trainer.errors import user_code
 from trainer.tasks import Task
-from trainer.training import (graph_passes, ledger, optimizers, patch_check,
-                              probe, replica_layers, steps)
+from trainer.training import ledger, steps
 from trainer.training.checkpoint_files import model_variables, rng_states
 from trainer.training.objective import Objective
-from trainer.training.train_loop import TrainLoop, UpdateRule
+from trainer.training.train_loop import UpdateRule
+from trainer.training.weights import Weights
 
 
 @dataclasses.dataclass
 class Trainer:
-  """What trains: built by `Trainer.build`, restored by `Checkpoints`.
+  """What trains: built by `trainer_build.build_trainer`, restored by
+  `Checkpoints`.
 
   Attributes:
     task: the task.
@@ -35,7 +33,8 @@ class Trainer:
     global_step: the int64 step variable (not optimizer.iterations: loss scaling
       skips updates).
     rule: accumulation, clipping, the learning-rate schedule and EMA.
-    eval_with_ema: evaluate and export the moving averages (--eval_with_ema).
+    weights: the weights evaluations and exports use (the moving averages with
+      --eval_with_ema, a best checkpoint's), swapped in for a block.
     metric_names: the task's per-example metrics, in the order it returns them.
     reported_metrics: what a call or evaluation reports: "loss", the metrics and
       streaming metrics after Task.finalize_metrics.
@@ -56,6 +55,8 @@ class Trainer:
       gathering its arrays).
     gather: data.GatherInput when the replicas gather arrays in-graph (the loops
       then take no iterator), else None.
+    vote: `(code, steps_per_loop) -> (largest code, fewest steps)` over every
+      worker (steps.make_vote): `stop_vote` and `loop_vote`.
     gather_eval: gather eval arrays in-graph too (--array_input=gather).
     lean_graph_passes: compile the loops and the diagnose step with
       graph_passes' lean Grappler passes (graph_passes.lean_for).
@@ -72,7 +73,7 @@ class Trainer:
   optimizer: keras.optimizers.Optimizer
   global_step: tf.Variable
   rule: UpdateRule
-  eval_with_ema: bool
+  weights: Weights
   metric_names: tuple
   reported_metrics: tuple
   base_learning_rate: object
@@ -89,95 +90,12 @@ class Trainer:
   forward_backward: object
   build_eval_loop: object
   gather: object
-  _vote: object
+  vote: object
   gather_eval: bool = False
   lean_graph_passes: bool = False
   own_moments_layers: tuple = ()
   averaged_statistics: object = None
   _eval_loops: dict = dataclasses.field(default_factory=dict)
-
-  @classmethod
-  def build(cls, *, task: Task, strategy, cluster: Cluster, train_data: TaskData,
-            optimization: OptimizationConfig, order: Order,
-            per_replica_batch_size: int, seed: int, train_steps: int,
-            gather: bool, gather_eval: bool = False, keep_gradients: bool = False,
-            record_every: int = 0, sync_batchnorm=None) -> "Trainer":
-    """Builds the model, optimizer (built in scope, before any step), step and
-    loops.
-
-    Args:
-      task: the task (prepared).
-      strategy: the strategy to build under.
-      cluster: this process's place in the run.
-      train_data: the task's checked training data (probed for the model).
-      optimization: the OptimizationConfig.
-      order: the training data's order.
-      per_replica_batch_size: examples per replica per (micro-)step.
-      seed: Keras' seed before build_model.
-      train_steps: --train_steps (where the schedule's decay ends by default).
-      gather: gather arrays in-graph when they allow it (--array_input=gather).
-      gather_eval: the same for eval splits.
-      keep_gradients: keep a copy of each update's gradients (histograms).
-      record_every: a history row every this many steps inside loop calls
-        (summary points; 0: none).
-      sync_batchnorm: when training, whether BatchNormalization normalises with
-        the global batch's statistics (True) or each replica's (False; their
-        moving statistics are averaged after each loop call), and random layers
-        draw per replica either way (replica_layers); None (evaluating,
-        loading): the model stays as the task built it.
-
-    Raises:
-      TaskError: the task's model, loss or metrics do not fit the framework.
-    """
-    with _global_policy(optimization.mixed_precision), strategy.scope():
-      keras.utils.set_random_seed(seed)
-      model, objective, metric_names, reported = probe.model_and_objective(
-          task, train_data, probe.probe_size(per_replica_batch_size),
-          class_weight=optimization.class_weights,
-          replicas=strategy.num_replicas_in_sync)
-      with user_code("Task.build_optimizer"):
-        own = task.build_optimizer()
-      optimizer = optimizers.build_optimizer(optimization, own)
-      optimizer.build(model.trainable_variables)
-      rule = optimizers.update_rule(optimization, model=model, optimizer=optimizer,
-                                    train_steps=train_steps,
-                                    keep_gradients=keep_gradients)
-      global_step, ledgers, totals = _counters(strategy, metric_names)
-    left_alone, averaged = (), replica_layers.Averaged()
-    if sync_batchnorm is not None:
-      left_alone, averaged = _replica_layers(model, strategy, optimization,
-                                             sync_batchnorm=sync_batchnorm)
-    gather_input = train_data.gather_input(
-        strategy, cluster, order, per_replica_batch_size=per_replica_batch_size,
-        preprocess=objective.preprocess) if gather else None
-    train = TrainLoop(
-        strategy=strategy, objective=objective, model=model, optimizer=optimizer,
-        global_step=global_step, ledger=ledgers[0], totals=totals[0],
-        per_replica_batch_size=per_replica_batch_size,
-        global_batch_size=order.global_batch_size,
-        jit_compile=optimization.jit_compile, rule=rule, gather=gather_input,
-        record_every=record_every, averaged_statistics=averaged)
-    build_eval_loop = functools.partial(
-        steps.make_eval_loop, strategy=strategy, objective=objective, model=model,
-        ledger=ledgers[1], totals=totals[1],
-        per_replica_batch_size=per_replica_batch_size)
-    return cls(task=task, objective=objective, strategy=strategy, cluster=cluster,
-               model=model, optimizer=optimizer, global_step=global_step, rule=rule,
-               eval_with_ema=optimization.eval_with_ema, metric_names=metric_names,
-               reported_metrics=reported,
-               base_learning_rate=optimizers.learning_rate(optimizer),
-               task_optimizer=own is not None,
-               per_replica_batch_size=per_replica_batch_size, order=order,
-               train_ledger=ledgers[0], eval_ledger=ledgers[1],
-               train_totals=totals[0], eval_totals=totals[1], train_loop=train.loop,
-               history_columns=train.history_columns,
-               diagnose_step=train.diagnose, forward_backward=train.forward_backward,
-               build_eval_loop=build_eval_loop,
-               gather=gather_input,
-               _vote=steps.make_vote(strategy), gather_eval=gather_eval,
-               own_moments_layers=tuple(left_alone),
-               averaged_statistics=averaged,
-               lean_graph_passes=graph_passes.lean_for(strategy))
 
   @property
   def step(self) -> int:
@@ -198,13 +116,13 @@ class Trainer:
   def stop_vote(self, code: int) -> int:
     """The largest of every worker's `code` (a collective under multi-worker):
     every worker agrees on whether (and why) to stop."""
-    return self._vote(int(code), 1)[0]
+    return self.vote(int(code), 1)[0]
 
   def loop_vote(self, code: int, steps_per_loop: int) -> tuple:
     """`stop_vote` after a loop call, which also agrees on the next automatic
     loop length: (the largest code, the fewest steps any worker proposed, at most
     steps.MAX_AUTO_STEPS_PER_LOOP). One collective for both."""
-    return self._vote(int(code), int(steps_per_loop))
+    return self.vote(int(code), int(steps_per_loop))
 
   def checkpoint_objects(self) -> tuple:
     """({name: trackable} every checkpoint must hold, {name: trackable} a
@@ -222,50 +140,6 @@ class Trainer:
     """Sets the rate the schedule scales (the flag's times the rollbacks')."""
     if self.rule.rate_base is not None:
       self.rule.rate_base.assign(value)
-
-  def reset_averages(self):
-    """Starts the moving averages from the current weights."""
-    for average, variable in zip(self.rule.ema_variables,
-                                 self.model.trainable_variables):
-      average.assign(variable)
-
-  @contextlib.contextmanager
-  def evaluated_weights(self):
-    """The weights to evaluate and export: the moving averages with --ema_decay and
-    --eval_with_ema (swapped in for the block, then the raw weights back)."""
-    if not (self.rule.ema_variables and self.eval_with_ema):
-      yield
-      return
-    variables = self.model.trainable_variables
-    with _values_kept(variables):
-      for variable, average in zip(variables, self.rule.ema_variables):
-        variable.assign(average)
-      yield
-
-  def _weight_groups(self) -> dict:
-    groups = {"model": model_variables(self.model)}
-    if self.rule.ema_variables:
-      groups["ema"] = list(self.rule.ema_variables)
-    return groups
-
-  def read_weights(self, path: str):
-    """Sets the model's (and averages') weights to the checkpoint's at `path`."""
-    tf.train.Checkpoint(**self._weight_groups()).read(path).expect_partial()
-
-  @contextlib.contextmanager
-  def best_weights(self, path: str):
-    """The model's (and averages') weights of the best checkpoint at `path`, for
-    the block; the current ones back afterwards."""
-    with _values_kept([v for group in self._weight_groups().values() for v in group]):
-      self.read_weights(path)
-      yield
-
-  def use_evaluated_weights(self):
-    """Makes the evaluated weights (see `evaluated_weights`) the model's own."""
-    if self.rule.ema_variables and self.eval_with_ema:
-      for variable, average in zip(self.model.trainable_variables,
-                                   self.rule.ema_variables):
-        variable.assign(average)
 
   def train_iterator(self, train_data: TaskData):
     """What the train loop reads from the global step on: the distributed
@@ -338,7 +212,7 @@ class Trainer:
       iterator = iter(dataset)
     else:
       iterator, num_batches = None, gather.eval_steps
-    with self.evaluated_weights():
+    with self.weights.evaluated():
       streaming = steps.call_checked(
           loop, iterator, tf.constant(num_batches),
           lean_graph_passes=self.lean_graph_passes,
@@ -376,87 +250,8 @@ class Trainer:
     return self._eval_loops[key][:2]
 
 
-def _replica_layers(model, strategy, optimization, *, sync_batchnorm: bool) -> tuple:
-  """Makes `model`'s random layers draw per replica and (with `sync_batchnorm`,
-  on several replicas) its BatchNormalization layers use the global batch, after
-  checking that these patches take effect. Returns (the layers left with their
-  own moments, the replica_layers.Averaged statistics).
-
-  Raises:
-    ConfigError: the patches do not take effect with this Keras; XLA with a
-      synchronized BatchNormalization.
-    TaskError: a BatchNormalization inside a recurrent cell, under sync.
-  """
-  patch_check.check_patches()
-  replica_layers.draw_per_replica(model)
-  replicas = strategy.num_replicas_in_sync
-  if replicas == 1:
-    return (), replica_layers.Averaged()
-  left_alone = ()
-  if sync_batchnorm:
-    left_alone = replica_layers.synchronize_batchnorm(model)
-    if optimization.jit_compile and len(left_alone) < len(
-        replica_layers.batchnorm_layers(model)):
-      # Its all-reduce runs inside the step XLA compiles: a merge_call there
-      # fails at the first trace.
-      raise ConfigError(
-          f"--jit_compile: BatchNormalization synchronized over {replicas} "
-          "replicas (--sync_batchnorm) all-reduces inside the compiled step, "
-          "which XLA cannot; use --sync_batchnorm=false (each replica's "
-          "statistics) or leave out --jit_compile")
-  return left_alone, replica_layers.per_replica_statistics(model)
-
-
 def _mean(total: float, count: float) -> float:
   """total / count, 0 when nothing counted (as a Keras Mean of no weight)."""
   return float(total) / float(count) if count else 0.0
 
 
-@contextlib.contextmanager
-def _values_kept(variables):
-  """Gives `variables` back the values they have now when the block ends."""
-  kept = [tf.convert_to_tensor(v) for v in variables]  # Eager reads: copies.
-  try:
-    yield
-  finally:
-    for variable, value in zip(variables, kept):
-      variable.assign(value)
-
-
-def ledger_totals(trainer: Trainer) -> tuple:
-  """(batches, examples) per replica over the run, as lists for the record."""
-  return (trainer.train_ledger.total_batches.tolist(),
-          trainer.train_ledger.total_examples.tolist())
-
-
-def set_ledger_totals(trainer: Trainer, batches, examples):
-  """Sets the run's ledger totals (zeros where None)."""
-  zeros = np.zeros(trainer.num_replicas, np.int64)
-  trainer.train_ledger.total_batches = zeros.copy() if batches is None else np.array(
-      batches, np.int64)
-  trainer.train_ledger.total_examples = zeros.copy() if examples is None else (
-      np.array(examples, np.int64))
-
-
-@contextlib.contextmanager
-def _global_policy(name: str):
-  """Keras' global dtype policy set to `name` ("none": unchanged) while the model
-  and optimizer are built, then restored."""
-  previous = keras.mixed_precision.global_policy()
-  if name != "none":
-    keras.mixed_precision.set_global_policy(name)
-  try:
-    yield
-  finally:
-    keras.mixed_precision.set_global_policy(previous)
-
-
-def _counters(strategy, metric_names):
-  """The global step, and the train and eval ReplicaLedgers and Totals, built in
-  `strategy`'s scope."""
-  global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
-                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-  ledgers = [ledger.ReplicaLedger(num_replicas=strategy.num_replicas_in_sync,
-                                  name=name) for name in ("train", "eval")]
-  totals = [ledger.Totals("loss", "examples", "weight", *metric_names) for _ in "te"]
-  return global_step, ledgers, totals

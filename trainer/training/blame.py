@@ -9,10 +9,10 @@ TensorFlow node.
 
 Example:
 
-  with user_ops.scope("metric", "auc"):
+  with blame.scope("metric", "auc"):
     metric.update_state(labels, outputs)
   ...
-  user_ops.blame(error)  # "Task.build_metrics()['auc'] (update_state)"
+  blame.method_of(error)  # "Task.build_metrics()['auc'] (update_state)"
 """
 
 import re
@@ -36,7 +36,7 @@ def scope(kind: str, name: str = "") -> tf.name_scope:
   return tf.name_scope(_PREFIX + kind + (f".{name}" if name else "") + _END)
 
 
-def blame(error: Exception) -> Optional[str]:
+def method_of(error: Exception) -> Optional[str]:
   """The user's method whose op raised `error` (a tf.errors.OpError of a loop
   call), or None when the failing node is the framework's."""
   for node in _NODE.findall(str(error)):
