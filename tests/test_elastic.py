@@ -54,7 +54,7 @@ def test_a_checkpoint_without_the_global_batch_is_checked_by_its_results(tmp_pat
   (tmp_path / "results.json").write_text(json.dumps({"global_batch_size": 64}))
   facts = resume.RunFacts(layout={}, flags=(), data={}, global_batch_size=32,
                           per_replica_batch_size=32, num_replicas=1, num_workers=1,
-                          input_pipelines=1)
+                          input_shards=0)
   assert os.path.exists(tmp_path / "checkpoints" / "ckpt-5.index")
   assert resume.differences(str(tmp_path), facts, model) == [
       "global batch 32 (1 replica(s) x 32; the run has 64)"]

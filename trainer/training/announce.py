@@ -4,7 +4,6 @@ as it ends (what it reached, where it is, how to look further)."""
 import math
 import os
 
-from trainer.data.streams import order_pipelines
 from trainer.outputs.progress import format_metrics
 from trainer.training import optimizers
 from trainer.training.record import RunRecord
@@ -57,12 +56,8 @@ def notes(config, *, built, restored, previous: RunRecord) -> list:
   first, then the chief's notes."""
   cluster = built.cluster
   lines = []
-  if restored is not None and previous.input_pipelines not in (
-      None, order_pipelines(built.trainer.order, cluster.num_pipelines)):
-    lines.append(f"note: the run read its data through {previous.input_pipelines} "
-                 f"input pipeline(s), now {cluster.num_pipelines}: each worker reads "
-                 "other files, so the examples from here on are not those an "
-                 "uninterrupted run would have read")
+  if restored is not None and built.train_data.per_pipeline:
+    lines += _order_notes(previous, built.trainer.order, cluster.num_pipelines)
   if config.init_checkpoint and restored is not None:
     lines.append(f"note: --init_checkpoint={config.init_checkpoint} is not used: the "
                  "run resumes from its own checkpoint")
@@ -79,6 +74,24 @@ def notes(config, *, built, restored, previous: RunRecord) -> list:
                                    if built.eval_data is not None else
                                    f" (task {config.task} has no eval data)"))
   return lines
+
+
+def _order_notes(previous: RunRecord, order, pipelines: int) -> list:
+  """The line saying that a resume of per-pipeline data reads other examples than
+  an uninterrupted run would: on a worker count that cannot share the run's
+  input shards, or from a checkpoint of an earlier version; else none."""
+  was, now = previous.ordered_shards(), order.input_shards
+  if was and was != now:
+    return [f"note: the run's data is ordered over {was} input shards, which "
+            f"{pipelines} worker(s) cannot share evenly; from here on it is ordered "
+            f"over {now}, so the examples are not those an uninterrupted run would "
+            "have read"]
+  if previous.input_shards is None and (was or 1) > 1:
+    return [f"note: the checkpoint is of an earlier version, whose {was} input "
+            "pipelines each had the whole shuffle buffer and block of files; this "
+            "version shares them among its input shards, so the examples from here "
+            "on are not those the earlier version would have read"]
+  return []
 
 
 def closing_lines(data: dict, *, model_dir: str, best_metric: str) -> list:
