@@ -27,6 +27,13 @@ def pipeline_seed(order: base.Order, shard: int) -> int:
   return order.seed * 1_000_003 + shard
 
 
+def shard_context(shard: int, shards: int) -> tf.distribute.InputContext:
+  """The input context a pipeline function builds input shard `shard` of `shards`
+  with: part `shard` of `shards`, one replica per shard (a shard feeds one
+  replica's share of a step, whatever the replicas)."""
+  return tf.distribute.InputContext(shards, shard, shards)
+
+
 class PerPipeline(base.TaskData):
   """Data that each input pipeline (worker) reads its own part of, ordered over
   input shards (elastic.py). Subclasses say what a shard streams, how its
@@ -148,8 +155,7 @@ class PipelineData(PerPipeline):
     shards = elastic.pipeline_shards(order, pipelines=cluster.num_pipelines,
                                      pipeline_id=cluster.pipeline_id)
     return (f"input pipeline {cluster.pipeline_id} of {cluster.num_pipelines}: the "
-            f"task's pipeline function, input shard(s) {_span(shards)} of "
-            f"{order.input_shards}")
+            f"task's pipeline function, {elastic.said(shards, order.input_shards)}")
 
   def count(self, cluster) -> int:
     """Examples of this worker's pipeline (an eval split), counted once per layout."""
@@ -159,11 +165,8 @@ class PipelineData(PerPipeline):
           cluster.num_pipelines, cluster.pipeline_id, cluster.num_replicas)))
     return self._counts[key]
 
-  def _shard_context(self, shard: int, shards: int) -> tf.distribute.InputContext:
-    return tf.distribute.InputContext(shards, shard, shards)
-
   def shard_stream(self, shard, order, *, position):
-    return shuffled_stream(self.build(self._shard_context(shard, order.input_shards)),
+    return shuffled_stream(self.build(shard_context(shard, order.input_shards)),
                            order, shuffle_seed=pipeline_seed(order, shard),
                            position=position, shares=order.input_shards)
 
@@ -172,18 +175,12 @@ class PipelineData(PerPipeline):
     once per count: the first element of each)."""
     if shards not in self._shardable:
       self._shardable[shards] = all(
-          any(True for _ in self.build(self._shard_context(v, shards)).take(1))
+          any(True for _ in self.build(shard_context(v, shards)).take(1))
           for v in range(shards))
     return self._shardable[shards]
 
   def pipeline_examples(self, context):
     return self.build(context)
-
-
-def _span(shards: range) -> str:
-  """"3" or "0-3": input shards, as a line says them."""
-  return (f"{shards[0]}" if len(shards) == 1 else
-          f"{shards[0]}-{shards[-1]}")
 
 
 def check_pipeline(build: Callable, *, what: str, finite: bool) -> PipelineData:

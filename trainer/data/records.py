@@ -141,17 +141,16 @@ class TFRecords(PerPipeline):
     count = len(names)
     names = ", ".join(names[:_NAMES_SAID] + [f"... ({count - _NAMES_SAID} more)"]
                       if count > _NAMES_SAID + 1 else names)
-    first, last, total = shards[0].shard_id, shards[-1].shard_id, order.input_shards
-    span = f"input shard(s) {first}" + (f"-{last}" if last > first else "")
+    total = order.input_shards
+    said = elastic.said(range(shards[0].shard_id, shards[-1].shard_id + 1), total)
     if shards[0].record_level:
       return (f"{self.flag}: {len(self.paths)} file(s) < {total} input shards, "
               f"record-level sharding: input pipeline {cluster.pipeline_id} of "
-              f"{cluster.num_pipelines} reads every file and keeps its {span} of "
-              f"{total}, {len(shards)} record(s) in {total} ({names})")
+              f"{cluster.num_pipelines} reads every file and keeps {len(shards)} "
+              f"record(s) in {total}, its {said} ({names})")
     return (f"{self.flag}: file-level sharding, input pipeline {cluster.pipeline_id} "
             f"of {cluster.num_pipelines} reads {count} of {len(self.paths)} files "
-            f"({sum(s.num_examples for s in shards)} records), {span} of {total}: "
-            f"{names}")
+            f"({sum(s.num_examples for s in shards)} records), {said}: {names}")
 
   def count(self, cluster) -> int:
     return self._own_shard(cluster).num_examples
@@ -232,7 +231,7 @@ class TFRecords(PerPipeline):
 
     def ids(start_step):
       streams = [shard.train_stream(order, position=start_step * per_shard,
-                                    ids=True).map(lambda i, s=int(start): i + s)
+                                    ids=True, first_id=int(start))
                  for shard, start in zip(shards, starts)]
       return elastic.interleaved(streams, per_shard=per_shard).batch(
           per_step, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -159,38 +159,36 @@ class Shard:
       dataset = dataset.shuffle(buffer, seed=block_seed)
     return dataset
 
-  def train_stream(self, order: Order, *, position: int,
-                   ids: bool = False) -> tf.data.Dataset:
+  def train_stream(self, order: Order, *, position: int, ids: bool = False,
+                   first_id: int = 0) -> tf.data.Dataset:
     """The endless stream of serialized records from `position` on; or (`ids`)
-    of their ids, `offsets[file] + record`, in the same order (an interleave
-    and a seeded shuffle order elements the same whatever they hold). The
-    shuffle buffer holds this shard's share of `order.buffer`."""
+    of their ids, `first_id + offsets[file] + record`, in the same order (an
+    interleave and a seeded shuffle order elements the same whatever they hold).
+    The shuffle buffer holds this shard's share of `order.buffer`."""
     if ids:
-      sources = tf.constant([[start, start + self.counts[i]] for start, i in
-                             zip(self.offsets, self.files)], tf.int64)
+      sources = tf.constant([[first_id + start, first_id + start + self.counts[i]]
+                             for start, i in zip(self.offsets, self.files)],
+                            tf.int64)
       read = _id_range
     else:
       sources = tf.constant([self.paths[i] for i in self.files])
       read = tf.data.TFRecordDataset
     k, num_blocks = self.block_size, -(-len(self.files) // self.block_size)
 
-    def epoch_records(epoch, first_block=0):
+    def block_records(index):
+      # Block `index` of the stream: one flat_map over every epoch's blocks.
+      epoch, block = index // num_blocks, index % num_blocks
       ordered = tf.gather(sources, self.file_order(order, epoch))
-
-      def block_records(block):
-        # Wrapping int64 arithmetic: a seed per (seed, shard, epoch, block).
-        block_seed = ((tf.constant(order.seed, tf.int64) * 1_000_003 +
-                       self.shard_id) * 1_000_003 + epoch) * 1_000_003 + block
-        return self._block(ordered[block * k:(block + 1) * k], block_seed,
-                           shuffle=order.shuffle,
-                           buffer=share(order.buffer, self.num_shards), read=read)
-
-      return tf.data.Dataset.range(first_block, num_blocks).flat_map(block_records)
+      # Wrapping int64 arithmetic: a seed per (seed, shard, epoch, block).
+      block_seed = ((tf.constant(order.seed, tf.int64) * 1_000_003 +
+                     self.shard_id) * 1_000_003 + epoch) * 1_000_003 + block
+      return self._block(ordered[block * k:(block + 1) * k], block_seed,
+                         shuffle=order.shuffle,
+                         buffer=share(order.buffer, self.num_shards), read=read)
 
     epoch, block, skip = self.start(position, order)
-    stream = epoch_records(tf.constant(epoch, tf.int64), block).skip(skip)
-    return stream.concatenate(
-        tf.data.Dataset.range(epoch + 1, _ENDLESS).flat_map(epoch_records))
+    return tf.data.Dataset.range(epoch * num_blocks + block, _ENDLESS).flat_map(
+        block_records).skip(skip)
 
   def eval_stream(self) -> tf.data.Dataset:
     """Every serialized record of this shard once."""
