@@ -5,11 +5,15 @@ import json
 import os
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
+import user_tasks
+from trainer import data
 from trainer.errors import ModelDirError
-from trainer.training import resume
+from trainer.training import announce, resume
+from trainer.training.record import RunRecord
 
 from conftest import assert_close
 from presets import MLP_SGD, train
@@ -60,3 +64,57 @@ def test_a_checkpoint_without_the_global_batch_is_checked_by_its_results(tmp_pat
       "global batch 32 (1 replica(s) x 32; the run has 64)"]
   facts = resume.RunFacts(**dict(facts.__dict__, global_batch_size=64))
   assert resume.differences(str(tmp_path), facts, model) == []
+
+
+def test_a_worker_count_that_cannot_share_the_recorded_input_shards_picks_others():
+  """Per-pipeline data keeps the run's input shards where the workers share them,
+  and picks others (a multiple of the workers) where they cannot; a new run picks
+  the most up to 8."""
+  source = data.as_task_data(user_tasks.PipelineQuadratic().train_data(),
+                             what="test")
+  assert source.input_shards(recorded=None, pipelines=1, global_batch_size=16) == 8
+  assert source.input_shards(recorded=8, pipelines=2, global_batch_size=16) == 8
+  assert source.input_shards(recorded=8, pipelines=3, global_batch_size=24) == 6
+  assert source.input_shards(recorded=2, pipelines=4, global_batch_size=16) == 8
+  # Data that is not per-pipeline has no shards.
+  arrays = data.as_task_data((np.zeros((64, 3), np.float32), np.zeros(64)),
+                             what="test")
+  assert arrays.input_shards(recorded=8, pipelines=3, global_batch_size=24) == 0
+
+
+@pytest.mark.parametrize("record, shards, pipelines, note", [
+    ({"input_shards": 8}, 8, 2, None),  # Shared: the same examples.
+    ({"input_shards": 8}, 6, 3, "note: the run's data is ordered over 8 input "
+     "shards, which 3 worker(s) cannot share evenly; from here on it is ordered "
+     "over 6, so the examples are not those an uninterrupted run would have read"),
+    # Checkpoints of earlier versions: their input pipelines were the shards,
+    # which each had the whole buffer; one pipeline had nothing to share.
+    ({"input_pipelines": 2, "num_workers": 1}, 2, 1, "note: the checkpoint is of "
+     "an earlier version, whose 2 input pipelines each had the whole shuffle "
+     "buffer and block of files; this version shares them among its input "
+     "shards, so the examples from here on are not those the earlier version "
+     "would have read"),
+    ({"num_workers": 2}, 2, 2, "note: the checkpoint is of an earlier version"),
+    ({"input_pipelines": 1, "num_workers": 1}, 1, 1, None),
+    ({"num_workers": 1}, 1, 1, None)])
+def test_a_resume_that_reads_other_examples_says_so_in_one_line(
+    record, shards, pipelines, note):
+  previous = RunRecord.from_json(json.dumps(record))
+  said = announce.data_order_note(
+      previous, data.Order(global_batch_size=24, input_shards=shards), pipelines)
+  if note is None:
+    assert said is None
+  else:
+    assert said.startswith(note), said
+
+
+def test_the_run_record_keeps_the_input_shards_under_one_name():
+  record = RunRecord.from_json(json.dumps({"input_pipelines": 2}))  # Earlier.
+  assert record.ordered_shards() == 2
+  facts = resume.RunFacts(layout={}, flags=(), data={}, global_batch_size=32,
+                          per_replica_batch_size=32, num_replicas=1, num_workers=1,
+                          input_shards=8)
+  facts.record_into(record)
+  written = json.loads(record.to_json())
+  assert written["input_shards"] == 8 and "input_pipelines" not in written
+  assert RunRecord.from_json(record.to_json()).ordered_shards() == 8
