@@ -11,8 +11,9 @@ import tensorflow as tf
 
 import user_tasks
 from trainer import data
+from trainer.data import elastic
 from trainer.errors import ModelDirError
-from trainer.training import announce, resume
+from trainer.training import announce, checkpoint_files, resume
 from trainer.training.record import RunRecord
 
 from conftest import assert_close
@@ -76,10 +77,41 @@ def test_a_worker_count_that_cannot_share_the_recorded_input_shards_picks_others
   assert source.input_shards(recorded=8, pipelines=2, global_batch_size=16) == 8
   assert source.input_shards(recorded=8, pipelines=3, global_batch_size=24) == 6
   assert source.input_shards(recorded=2, pipelines=4, global_batch_size=16) == 8
+  # An earlier 2-worker run resumed in one process keeps its 2.
+  assert source.input_shards(recorded=2, pipelines=1, global_batch_size=16) == 2
   # Data that is not per-pipeline has no shards.
   arrays = data.as_task_data((np.zeros((64, 3), np.float32), np.zeros(64)),
                              what="test")
   assert arrays.input_shards(recorded=8, pipelines=3, global_batch_size=24) == 0
+
+
+def test_a_resume_reads_over_the_input_shards_its_run_recorded(tmp_path, monkeypatch,
+                                                               capsys):
+  """The input shards are the run's, from its checkpoints: a resume keeps them
+  where a new run would pick others (here runs that pick at most 2, resumed by
+  one that would pick 8), and reads what the straight run read."""
+  def run(name, steps):
+    train(model_dir=str(tmp_path / name), cpu_devices=2, global_batch_size=16,
+          train_steps=steps, learning_rate=0.05, optimizer="sgd", summaries=False,
+          checkpoint_every=10, steps_per_loop=5,
+          task=user_tasks.PipelineQuadratic(hidden=8))
+    record = checkpoint_files.read_record(checkpoint_files.latest(
+        str(tmp_path / name / "checkpoints")))
+    return record.input_shards, capsys.readouterr().out
+
+  monkeypatch.setattr(elastic, "MAX_INPUT_SHARDS", 2)
+  assert run("straight", 20)[0] == 2
+  run("split", 10)
+  monkeypatch.setattr(elastic, "MAX_INPUT_SHARDS", 8)
+  shards, out = run("split", 20)
+  assert shards == 2 and "the task's pipeline function, input shard(s) 0-1 of 2" in out
+  assert "note:" not in out
+  assert_close(str(tmp_path / "straight"), str(tmp_path / "split"))
+  # A new run picks 8: other examples.
+  shards, out = run("new", 20)
+  assert shards == 8 and "input shard(s) 0-7 of 8" in out
+  with pytest.raises(AssertionError):
+    assert_close(str(tmp_path / "straight"), str(tmp_path / "new"))
 
 
 @pytest.mark.parametrize("record, shards, pipelines, note", [
