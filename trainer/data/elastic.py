@@ -6,7 +6,7 @@ Per-pipeline data (TFRecord files, a task's pipeline function) is split into V
 in each of its checkpoints. Each shard is its own stream of examples, ordered by
 (seed, shard, epoch) and resumable at any position: a shard of files is the files
 v, v+V, ... (shards.py); a shard of a pipeline function is the dataset it builds
-for input context (V, v), shuffled with a seed per shard (streams.py). Global step
+for input context (V, v), shuffled with a seed per shard (pipelines.py). Global step
 S holds B/V consecutive examples of each shard's stream, shard 0's first: a
 function of (seed, S, the data) alone, whatever the worker count.
 
