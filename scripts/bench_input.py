@@ -55,18 +55,26 @@ def _task_data(**params):
   return task, data.as_task_data(task.train_data(), what="bench")
 
 
+def _run_order(source):
+  """The order one process reads `source` in: over the input shards a run of
+  global batches of GLOBAL_BATCH picks (per-pipeline data)."""
+  from trainer import data
+  return data.Order(seed=0, shuffle=True, buffer=10000,
+                    global_batch_size=GLOBAL_BATCH,
+                    input_shards=source.input_shards(
+                        recorded=None, pipelines=1, global_batch_size=GLOBAL_BATCH))
+
+
 def _pipelines(task_params, batches):
   """(arrays examples/s, TFRecord examples/s) of the input alone."""
   import tensorflow as tf
 
-  from trainer import data
   from trainer.distribute.cluster import Cluster
   rates = []
   for params in task_params:
     task, source = _task_data(**params)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    order = data.Order(seed=0, shuffle=True, buffer=10000,
-                       global_batch_size=GLOBAL_BATCH)
+    order = _run_order(source)
     dataset = source.train_input(strategy, Cluster(), order, start_step=0,
                                  preprocess=task.preprocess)
     rates.append(_examples_per_second(dataset, batches))
@@ -94,17 +102,14 @@ def _first_batch_seconds(build, repeats=3) -> float:
 def _resume_costs(folder, steps_list, skip_steps):
   import tensorflow as tf
 
-  from trainer import data
   from trainer.data import streams
   _, records = _task_data(dataset="tfrecord", train_files=f"{folder}/train-*")
-  shard = records.shard(1, 0)
-  order = data.Order(seed=0, shuffle=True, buffer=10000,
-                     global_batch_size=GLOBAL_BATCH)
+  order = _run_order(records)
   costs = {}
   for step in steps_list:
     costs[f"tfrecord at step {step}"] = _first_batch_seconds(
-        lambda s=step: records.parsed_batches(
-            shard.train_stream(order, position=s * GLOBAL_BATCH), GLOBAL_BATCH))
+        lambda s=step: records.batches(records.pipeline_stream(
+            order, pipelines=1, pipeline_id=0, start_step=s), GLOBAL_BATCH))
   examples = records.parsed(tf.data.TFRecordDataset(list(records.paths)))
   for step in skip_steps:
     costs[f"skip-based stream at step {step}"] = _first_batch_seconds(

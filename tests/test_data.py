@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import data
+from trainer.data import elastic
 from trainer.distribute.cluster import Cluster
 from trainer.errors import DataError
 from trainer.tasks import image_data
@@ -66,20 +67,33 @@ def test_unshuffled_order_is_the_stored_order():
 
 
 @pytest.mark.parametrize("shards,pipelines,batch,exact", [
-    (2, 1, 32, True),    # 2 workers' run, resumed in one process: exact.
-    (4, 2, 32, True),
-    (2, 2, 32, False),   # The same layout: nothing to line up.
-    (1, 2, 32, False),   # More pipelines than the run's first: other files.
-    (3, 2, 30, False),   # Not a divisor.
-    (4, 1, 30, False),   # A global batch that the shards cannot split evenly.
+    (8, 1, 32, True),    # One process reads all 8 input shards,
+    (8, 2, 32, True),    # 2 workers 4 each,
+    (8, 8, 32, True),    # 8 workers one each.
+    (2, 2, 32, True),
+    (8, 3, 24, False),   # 3 workers cannot share 8 shards.
+    (1, 2, 32, False),   # More workers than shards.
+    (4, 1, 30, False),   # A global batch the shards cannot split evenly.
     (0, 1, 32, False)])  # Not per-pipeline data.
-def test_the_order_of_per_pipeline_data_is_kept_where_read_exactly(
+def test_a_worker_count_reads_the_input_shards_exactly_where_it_shares_them(
     shards, pipelines, batch, exact):
-  order = data.Order(global_batch_size=batch, input_shards=shards)
-  assert data.streams.exact_shards(order, pipelines) == exact
-  # What a run records as its input pipelines, and what the resume note compares.
-  assert data.streams.order_pipelines(order, pipelines) == (
-      shards if exact else pipelines)
+  assert elastic.exact(shards, pipelines=pipelines,
+                       global_batch_size=batch) == exact
+
+
+@pytest.mark.parametrize("pipelines,batch,fair,shards", [
+    (1, 32, 99, 8),     # 1, 2, 4 and 8 workers read a one-process run exactly.
+    (2, 32, 99, 8),
+    (1, 12, 99, 6),     # The most that divide the global batch,
+    (3, 24, 99, 6),     # a multiple of the workers,
+    (16, 64, 99, 16),   # one per worker where the workers are more,
+    (1, 32, 4, 4),      # that the data splits into fairly (4 even files),
+    (2, 32, 1, 2)])     # else one per worker.
+def test_a_run_picks_the_most_input_shards_its_workers_batch_and_data_allow(
+    pipelines, batch, fair, shards):
+  assert elastic.first_input_shards(
+      pipelines=pipelines, global_batch_size=batch,
+      shardable=lambda count: count <= fair) == shards
 
 
 def test_too_small_training_set_is_a_clear_error():

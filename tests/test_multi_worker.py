@@ -48,6 +48,50 @@ def launch(model_dir, *extra, tmpdir, num_workers=2):
                         text=True, timeout=300, check=False)
 
 
+def launch_task(model_dir, *flags, tmpdir, num_workers=2):
+  """Launches `flags` alone (no preset flags; tests/ on the path, for
+  --task=user_tasks:NAME) on `num_workers` workers of one replica each."""
+  return subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
+       f"--num_workers={num_workers}", "--grace_seconds=5", "--", *flags,
+       "--cpu_devices=1", f"--model_dir={model_dir}"], cwd=REPO,
+      env=user_env(TMPDIR=str(tmpdir)), capture_output=True, text=True, timeout=300,
+      check=False)
+
+
+def assert_read_as_one_process_straight(
+    tmp_path, *, one_process, two_workers, steps):
+  """Per-pipeline data on 2 workers straight, and through a run that grows and
+  shrinks (one process for a third of `steps`, 2 workers for the next, one
+  process again), trains on the examples of one process straight: the same
+  weights (1e-5), and no note that the data differ.
+
+  Args:
+    tmp_path: where the runs go.
+    one_process: `(model_dir, *flags) -> CompletedProcess` of one process with 2
+      replicas.
+    two_workers: the same on 2 workers of one replica (the same global batch).
+    steps: the runs' steps.
+  """
+  def ran(process):
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    assert "note: the run's data" not in process.stdout
+    return process.stdout
+
+  straight, workers, grown = (str(tmp_path / name) for name in
+                              ("straight", "workers", "grown"))
+  ran(one_process(straight, f"--train_steps={steps}"))
+  ran(two_workers(workers, f"--train_steps={steps}"))
+  assert_close(straight, workers)
+  ran(one_process(grown, f"--train_steps={steps // 3}"))
+  grew = ran(two_workers(grown, f"--train_steps={2 * steps // 3}"))
+  assert "resuming on 2 replicas on 2 workers (was 2 replicas)" in grew
+  shrank = ran(one_process(grown, f"--train_steps={steps}"))
+  assert "resuming on 2 replicas (was 2 replicas on 2 workers)" in shrank
+  assert_close(straight, grown)
+  assert read_results(grown)["global_step"] == steps
+
+
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
   """An uninterrupted 2-worker run: (model_dir, scratch TMPDIR, CompletedProcess)."""
@@ -270,16 +314,11 @@ def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
   task (each worker reads its shard of every global batch) and BatchNormalization
   (the statistics of the global batch, over both workers) hold the multi-worker
   guarantees too: equal weights, every eval example counted once."""
-  env = user_env(TMPDIR=str(tmp_path))
   flags = [f"--task={task}", "--optimizer=sgd", "--learning_rate=0.05",
            "--per_replica_batch_size=8", "--train_steps=40", "--steps_per_loop=10",
            "--mode=train_and_eval", "--deterministic"]
   workers_dir, mirrored_dir = str(tmp_path / "workers"), str(tmp_path / "mirrored")
-  launched = subprocess.run(
-      [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
-       "--num_workers=2", "--grace_seconds=5", "--", *flags, "--cpu_devices=1",
-       f"--model_dir={workers_dir}"], cwd=REPO, env=env, capture_output=True,
-      text=True, timeout=300, check=False)
+  launched = launch_task(workers_dir, *flags, tmpdir=tmp_path)
   assert launched.returncode == 0, launched.stdout[-3000:]
   mirrored = run_cli(*flags, "--cpu_devices=2", f"--model_dir={mirrored_dir}",
                      python_path=TESTS)
@@ -296,6 +335,23 @@ def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
   assert results["eval"]["examples"] == {
       "regression": 89, "layer_tasks:BatchNormTask": 203}.get(task, 77)
   assert results["replica_batches"] == {"replica_0": 40, "replica_1": 40}
+
+
+def test_a_pipeline_function_reads_one_process_s_examples_on_2_workers_and_growing(
+    tmp_path):
+  """A task's pipeline function, ordered over input shards that one process and
+  2 workers both read (test_records.py: the steps' examples)."""
+  flags = ["--task=user_tasks:PipelineQuadratic", "--optimizer=sgd",
+           "--learning_rate=0.05", "--global_batch_size=16", "--steps_per_loop=5",
+           "--checkpoint_every=10", "--summaries=false", "--deterministic",
+           "--mode=train"]
+  assert_read_as_one_process_straight(
+      tmp_path, steps=30,
+      one_process=lambda model_dir, *extra: run_cli(
+          *flags, "--cpu_devices=2", f"--model_dir={model_dir}", *extra,
+          python_path=TESTS),
+      two_workers=lambda model_dir, *extra: launch_task(
+          model_dir, *flags, *extra, tmpdir=tmp_path))
 
 
 def test_a_worker_failing_alone_stops_the_others_in_one_line(tmp_path):

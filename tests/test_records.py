@@ -103,6 +103,63 @@ def test_a_stream_started_anywhere_continues_the_full_stream(files, num_pipeline
   assert all(sorted(values) == list(range(36)) for values in epoch_values)
 
 
+def _worker_parts(source, order, *, pipelines, start_step, count):
+  """[worker][step] features that each of `pipelines` workers reads of `count`
+  global batches from `start_step` on."""
+  return [[features.numpy().tolist() for features, *_ in source.batches(
+      source.pipeline_stream(order, pipelines=pipelines, pipeline_id=w,
+                             start_step=start_step),
+      order.global_batch_size // pipelines).take(count)] for w in range(pipelines)]
+
+
+def _global_batches(source, order, *, pipelines, start_step, count):
+  """Their global batches: each worker's part of a step, worker 0's first."""
+  return [sum(parts, []) for parts in zip(*_worker_parts(
+      source, order, pipelines=pipelines, start_step=start_step, count=count))]
+
+
+@pytest.mark.parametrize("input_shards, batch", [(2, 4), (3, 6)])
+def test_any_worker_count_that_shares_the_input_shards_reads_the_same_steps(
+    files, input_shards, batch):
+  """Global step S holds the same records read by one process or by each worker
+  its own input shards, from the start or resumed at S: a run that grows or
+  shrinks reads what a straight run reads. Each worker reads only its shards'
+  files."""
+  source = _records(files, files_per_block=2)
+  order = data.Order(seed=2, shuffle=True, buffer=5, global_batch_size=batch,
+                     input_shards=input_shards)
+  straight = [features.numpy().tolist() for features, _ in source.host_batches(
+      order, num_replicas=1, start_step=0, count=20)]
+  assert straight[0] != straight[1] and len(straight[0]) == batch
+  starts = np.cumsum((0,) + RECORDS_PER_FILE)  # A record's value: its identity.
+  for pipelines in (p for p in (1, 2, 3) if input_shards % p == 0):
+    assert _global_batches(source, order, pipelines=pipelines, start_step=0,
+                           count=20) == straight
+    assert _global_batches(source, order, pipelines=pipelines, start_step=13,
+                           count=7) == straight[13:]
+    parts = _worker_parts(source, order, pipelines=pipelines, start_step=0,
+                          count=20)
+    for worker, part in enumerate(parts):
+      mine = input_shards // pipelines
+      files_read = {i for i in range(len(RECORDS_PER_FILE))
+                    if worker * mine <= i % input_shards < (worker + 1) * mine}
+      assert {int(np.searchsorted(starts, v, side="right")) - 1
+              for step in part for v in step} <= files_read
+
+
+@pytest.mark.parametrize("input_shards", [2, 8])
+def test_a_pipeline_function_is_read_the_same_by_any_worker_count_too(input_shards):
+  source = data.as_task_data(user_tasks.PipelineQuadratic(hidden=8).train_data(),
+                             what="test")
+  order = data.Order(seed=2, shuffle=True, buffer=50, global_batch_size=16,
+                     input_shards=input_shards)
+  straight = [features.numpy().tolist() for features, _ in source.host_batches(
+      order, num_replicas=1, start_step=3, count=4)]
+  for pipelines in (p for p in (2, 4, 8) if input_shards % p == 0):
+    assert _global_batches(source, order, pipelines=pipelines, start_step=3,
+                           count=4) == straight
+
+
 def test_the_seed_changes_the_order(files):
   shard = _records(files).shard(1, 0)
   first, second = (_values(shard.train_stream(

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (REPO, assert_bit_identical, assert_close, checkpoint_values,
-                      read_results, run_cli)
+from conftest import (REPO, assert_bit_identical, checkpoint_values, read_results,
+                      run_cli)
 from test_multi_worker import FLAGS as WORKER_FLAGS
-from test_multi_worker import launch
+from test_multi_worker import assert_read_as_one_process_straight, launch
 from trainer import data
 
 _spec = importlib.util.spec_from_file_location(
@@ -84,7 +84,8 @@ def _worker_files(output):
   """{worker: shard names it read}, from each worker's input line."""
   return {int(worker): set(names.split(", ")) for worker, names in re.findall(
       r"\[worker (\d)\] input: --train_files: file-level sharding, input pipeline "
-      r"\d of 2 reads 2 of 4 files \(\d+ records\): (.*)", output)}
+      r"\d of 2 reads 2 of 4 files \(\d+ records\), input shard\(s\) \d-\d of 4: "
+      r"(.*)", output)}
 
 
 @pytest.mark.slow
@@ -94,9 +95,11 @@ def test_two_workers_read_their_own_shards_and_resume_bit_exact(shards, tmp_path
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
   result = launch(straight, *args, "--train_steps=60", tmpdir=tmp_path)
   assert result.returncode == 0, result.stdout[-3000:]
+  # The run's 4 input shards (one file each: 4 files, a global batch of 32), 2
+  # per worker.
   read = _worker_files(result.stdout)
-  assert read == {0: {"train-00000-of-00004.tfrecord", "train-00002-of-00004.tfrecord"},
-                  1: {"train-00001-of-00004.tfrecord", "train-00003-of-00004.tfrecord"}}
+  assert read == {0: {"train-00000-of-00004.tfrecord", "train-00001-of-00004.tfrecord"},
+                  1: {"train-00002-of-00004.tfrecord", "train-00003-of-00004.tfrecord"}}
   results = read_results(straight)
   assert results["num_workers"] == 2
   assert results["replica_batches"] == {"replica_0": 60, "replica_1": 60}
@@ -104,8 +107,6 @@ def test_two_workers_read_their_own_shards_and_resume_bit_exact(shards, tmp_path
   assert results["eval"]["examples"] == 360  # Each worker its 2 test shards.
 
   assert launch(split, *args, "--train_steps=30", tmpdir=tmp_path).returncode == 0
-  elastic = str(tmp_path / "elastic")  # Its first 30 steps, resumed elsewhere below.
-  shutil.copytree(split, elastic)
   resumed = launch(split, *args, "--train_steps=60", tmpdir=tmp_path)
   assert resumed.returncode == 0 and "resuming at step 30" in resumed.stdout
   assert_bit_identical(straight, split)
@@ -116,18 +117,23 @@ def test_two_workers_read_their_own_shards_and_resume_bit_exact(shards, tmp_path
                 tmpdir=tmp_path).returncode == 0
   assert_bit_identical(straight, streamed)
 
-  # Elastic: 2 workers for 30 steps (split's, copied above), then one process (4
-  # replicas, the same global batch) reads the 2 workers' shards itself, each
-  # step's examples those of the straight run: the same weights, with no note
-  # that the data differs.
-  one = run_cli(*[a for a in (*WORKER_FLAGS, *args) if not a.startswith(
-      ("--per_replica_batch_size", "--cpu_devices", "--train_steps"))],
-                "--global_batch_size=32", "--cpu_devices=4", "--train_steps=60",
-                f"--model_dir={elastic}")
-  assert one.returncode == 0, one.stderr[-3000:]
-  assert "resuming on 4 replicas (was 2 replicas on 2 workers)" in one.stdout
-  assert "note: the run read its data through" not in one.stdout
-  assert_close(straight, elastic)
+
+@pytest.mark.slow
+def test_files_read_by_2_workers_or_a_run_that_grows_are_one_process_s(shards,
+                                                                      tmp_path):
+  """One process (2 replicas) and 2 workers read the same records at every step,
+  straight or changing from one to the other (1 process, then 2 workers, then 1
+  process): the same weights as one process straight."""
+  args = [*WORKER_FLAGS, *FLAGS, *_records_flags(shards[4]), "--mode=train",
+          "--per_replica_batch_size=16", "--checkpoint_every=20",
+          "--summaries=false"]
+  one = [a for a in args if a != "--cpu_devices=1"] + ["--cpu_devices=2"]
+  assert_read_as_one_process_straight(
+      tmp_path, steps=60,
+      one_process=lambda model_dir, *extra: run_cli(
+          *one, f"--model_dir={model_dir}", *extra),
+      two_workers=lambda model_dir, *extra: launch(model_dir, *args, *extra,
+                                                   tmpdir=tmp_path))
 
 
 def _rewrite(folder, name, change):

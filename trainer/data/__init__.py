@@ -13,7 +13,8 @@ from trainer.data.gather import GatherInput
 from trainer.data.base import Order, TaskData
 from trainer.data.record_files import INDEX_FILE, read_index_file, write_index
 from trainer.data.records import TFRecords
-from trainer.data.streams import PipelineData, StreamData, check_pipeline, check_stream
+from trainer.data.pipelines import PipelineData, check_pipeline
+from trainer.data.streams import StreamData, check_stream
 
 
 def as_task_data(value, *, what: str, finite: bool = False) -> TaskData:

@@ -33,9 +33,10 @@ class Order:
     buffer: the shuffle buffer of streamed data (--shuffle_buffer).
     global_batch_size: examples per (micro-)step over all replicas.
     input_shards: per-pipeline data (TFRecords, a pipeline function): the input
-      pipelines its order is defined over, the run's first number of them (0:
-      one per worker). A worker count that divides it reads the same examples
-      at every step; each worker reads its share of the shards (streams.py).
+      shards its order is defined over, fixed when the run first starts and
+      recorded in its checkpoints (0: one per input pipeline). Any worker count
+      that divides it reads the same examples at every step, each worker its own
+      shards (elastic.py).
   """
   seed: int = 0
   shuffle: bool = True
@@ -80,9 +81,10 @@ class TaskData:
     same flags, another file) is refused."""
     return {}
 
-  def describe(self, cluster: Cluster) -> Optional[str]:
-    """One line on what this worker reads (files, sharding), or None."""
-    del cluster
+  def describe(self, cluster: Cluster, order: Order) -> Optional[str]:
+    """One line on what this worker reads for training (files, sharding), or
+    None."""
+    del cluster, order
     return None
 
   def count(self, cluster: Cluster) -> int:
@@ -92,6 +94,15 @@ class TaskData:
   def check_training(self, cluster: Cluster, global_batch_size: int):
     """Raises DataError when this split cannot feed training at this batch."""
     del cluster, global_batch_size
+
+  def input_shards(self, *, recorded: Optional[int], pipelines: int,
+                   global_batch_size: int) -> int:
+    """The input shards training reads over (Order.input_shards) on `pipelines`
+    input pipelines: the run's `recorded` ones where these read them exactly,
+    else others picked for this layout; 0 where the order has no shards (data
+    that is not per-pipeline)."""
+    del recorded, pipelines, global_batch_size
+    return 0
 
   def train_input(self, strategy, cluster: Cluster, order: Order, *,
                   start_step: int, preprocess):

@@ -4,12 +4,13 @@
 
 `parse(serialized) -> (features, labels)` maps one record (or `parse_batch` a
 batch of records, which is several times faster: one op per batch, not per
-record); the framework does the rest. Each input pipeline (one per worker) reads
-only its own part of the files (shards.py says which, and in which order), given
-the number of records of each file: from the shards' `dataset.json` index, or
-counted once at start. Evaluation reads each pipeline's records once, in file
-order; every pipeline is padded to the same number of batches with weight-0
-examples (streams.PerPipeline).
+record); the framework does the rest. Training's order is defined over input
+shards of the files (elastic.py), each reading its own files (shards.py says
+which, and in which order) given the number of records of each file: from the
+shards' `dataset.json` index, or counted once at start. Each input pipeline (one
+per worker) reads only its own input shards. Evaluation reads each pipeline's
+part of the files once; every pipeline is padded to the same number of batches
+with weight-0 examples (pipelines.PerPipeline).
 """
 
 import dataclasses
@@ -18,17 +19,22 @@ import os
 import time
 from typing import Callable, Optional, Sequence, Union
 
+import numpy as np
 import tensorflow as tf
 
-from trainer.data import arrays, dataset_graph, gather, record_files, streams
+from trainer.data import arrays, dataset_graph, elastic, gather, record_files
+from trainer.data.pipelines import PerPipeline
 from trainer.data.shards import Shard
 from trainer.errors import DataError
 
 _NAMES_SAID = 8  # Files named in the start line; then a count.
+# An input shard of files holds at least this part of the largest one's records
+# (a step takes as many examples of each): else the run picks fewer shards.
+_FAIR = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
-class TFRecords(streams.PerPipeline):
+class TFRecords(PerPipeline):
   """TFRecord files and how to read one record.
 
   Attributes:
@@ -109,35 +115,50 @@ class TFRecords(streams.PerPipeline):
             "files_sha256": digest.hexdigest()[:16],
             "files_per_block": self.files_per_block}
 
-  def shard(self, num_pipelines: int, pipeline_id: int) -> Shard:
-    """What input pipeline `pipeline_id` of `num_pipelines` reads."""
-    return Shard.of(paths=self.paths, counts=self.counts,
-                    num_pipelines=num_pipelines, pipeline_id=pipeline_id,
-                    files_per_block=self.files_per_block, flag=self.flag)
+  def shard(self, num_shards: int, shard_id: int) -> Shard:
+    """What shard `shard_id` of `num_shards` reads (an input shard of training's
+    order, or a worker's part of an eval split)."""
+    return Shard.of(paths=self.paths, counts=self.counts, num_shards=num_shards,
+                    shard_id=shard_id, files_per_block=self.files_per_block,
+                    flag=self.flag)
 
   def _own_shard(self, cluster) -> Shard:
+    """This worker's part of an eval split."""
     return self.shard(cluster.num_pipelines, cluster.pipeline_id)
 
-  def describe(self, cluster) -> str:
-    """One line: which files this pipeline reads and how."""
-    shard = self._own_shard(cluster)
-    names = [os.path.basename(self.paths[i]) for i in shard.files]
-    names = ", ".join(names[:_NAMES_SAID] + [f"... ({len(names) - _NAMES_SAID} more)"]
-                      if len(names) > _NAMES_SAID + 1 else names)
-    if shard.record_level:
-      return (f"{self.flag}: {len(self.paths)} file(s) < {cluster.num_pipelines} "
-              f"input pipelines, record-level sharding: pipeline "
-              f"{cluster.pipeline_id} reads every file and keeps 1 record in "
-              f"{cluster.num_pipelines} ({names})")
+  def _worker_shards(self, order, pipelines: int, pipeline_id: int) -> list:
+    """The input shards (Shards) pipeline `pipeline_id` of `pipelines` trains on,
+    of `order` as elastic.read_by gives it."""
+    return [self.shard(order.input_shards, v) for v in elastic.pipeline_shards(
+        order, pipelines=pipelines, pipeline_id=pipeline_id)]
+
+  def describe(self, cluster, order) -> str:
+    """One line: which files this pipeline trains on and how."""
+    order = elastic.read_by(order, cluster.num_pipelines)
+    shards = self._worker_shards(order, cluster.num_pipelines, cluster.pipeline_id)
+    names = [os.path.basename(self.paths[i])
+             for i in sorted({i for shard in shards for i in shard.files})]
+    count = len(names)
+    names = ", ".join(names[:_NAMES_SAID] + [f"... ({count - _NAMES_SAID} more)"]
+                      if count > _NAMES_SAID + 1 else names)
+    total = order.input_shards
+    said = elastic.said(range(shards[0].shard_id, shards[-1].shard_id + 1), total)
+    if shards[0].record_level:
+      return (f"{self.flag}: {len(self.paths)} file(s) < {total} input shards, "
+              f"record-level sharding: input pipeline {cluster.pipeline_id} of "
+              f"{cluster.num_pipelines} reads every file and keeps {len(shards)} "
+              f"record(s) in {total}, its {said} ({names})")
     return (f"{self.flag}: file-level sharding, input pipeline {cluster.pipeline_id} "
-            f"of {cluster.num_pipelines} reads {len(shard.files)} of "
-            f"{len(self.paths)} files ({shard.num_examples} records): {names}")
+            f"of {cluster.num_pipelines} reads {count} of {len(self.paths)} files "
+            f"({sum(s.num_examples for s in shards)} records), {said}: {names}")
 
   def count(self, cluster) -> int:
     return self._own_shard(cluster).num_examples
 
   def check_training(self, cluster, global_batch_size: int):
     # Every worker checks every pipeline: they all stop, with the same line.
+    # (Each pipeline's part holds whole input shards, which each have records
+    # where the run picked them: elastic.first_input_shards.)
     del global_batch_size
     empty = [p for p in range(cluster.num_pipelines)
              if not self.shard(cluster.num_pipelines, p).num_examples]
@@ -145,10 +166,21 @@ class TFRecords(streams.PerPipeline):
       raise DataError(f"{self.flag}: input pipeline {empty[0]} of "
                       f"{cluster.num_pipelines} gets no records; write more shards")
 
-  def pipeline_batches(self, context, order, *, batch_size, position):
-    shard = self.shard(context.num_input_pipelines, context.input_pipeline_id)
-    return self.parsed_batches(shard.train_stream(order, position=position),
-                               batch_size)
+  def shardable(self, shards: int) -> bool:
+    """Whether `shards` input shards each read files of their own (file-level
+    sharding) holding at least _FAIR of the largest shard's records: a step
+    takes as many examples of each."""
+    if shards > len(self.paths):
+      return False
+    sizes = [self.shard(shards, v).num_examples for v in range(shards)]
+    return min(sizes) >= _FAIR * max(sizes)
+
+  def shard_stream(self, shard, order, *, position):
+    return self.shard(order.input_shards, shard).train_stream(order,
+                                                               position=position)
+
+  def batches(self, elements, batch_size):
+    return self.parsed_batches(elements, batch_size)
 
   def pipeline_examples(self, context):
     shard = self.shard(context.num_input_pipelines, context.input_pipeline_id)
@@ -157,58 +189,74 @@ class TFRecords(streams.PerPipeline):
   def gather_input(self, strategy, cluster, order, *, per_replica_batch_size,
                    preprocess):
     """This pipeline's records decoded once into memory and gathered in-graph,
-    in the order the stream would read them (`order`; None: an eval split, in
-    the order `pipeline_examples` reads it), or None where the largest
-    pipeline's would not fit (gather.MAX_GATHER_BYTES: every worker takes the
-    same path) or hold text, where `parse` may give other values on a second
-    read (dataset_graph.varies_between_reads: random augmentation), where records
-    are sharded by record, where a worker has several replicas, where the order
-    is defined over more shards than pipelines (streams.exact_shards), or for an
-    eval split of several pipelines (padded to the same count on every worker).
+    in the order the stream would read them (`order`: its input shards in turn;
+    None: an eval split, in the order `pipeline_examples` reads it), or None
+    where the largest pipeline's would not fit (gather.MAX_GATHER_BYTES: every
+    worker takes the same path) or hold text, where `parse` may give other
+    values on a second read (dataset_graph.varies_between_reads: random
+    augmentation), where records are sharded by record, where a worker of
+    several has several replicas, or for an eval split of several pipelines
+    (padded to the same count on every worker).
 
     Raises:
       DataError: a bad record, named (the records are all read now).
     """
-    shard = self._own_shard(cluster)
-    largest = max(self.shard(cluster.num_pipelines, p).num_examples
-                  for p in range(cluster.num_pipelines))
-    if (shard.record_level or
-        (order is not None and streams.exact_shards(order, cluster.num_pipelines))
-        or (cluster.num_pipelines > 1 and (order is None or
-                                           cluster.local_replicas > 1))
-        or not gather.fits_in_memory(self.element_spec, largest) or
-        dataset_graph.varies_between_reads(self._parsed(self.paths[:1]))):
-      return None
+    pipelines = cluster.num_pipelines
     if order is None:
+      shard = self._own_shard(cluster)
+      if (shard.record_level or pipelines > 1 or
+          not self._holdable(shard.num_examples)):
+        return None
+      paths = [self.paths[i] for i in shard.files]
       return gather.EvalGather(
           strategy=strategy, per_replica_batch_size=per_replica_batch_size,
           preprocess=preprocess, data=self._decoded(
-              shard, lambda: self.pipeline_examples(tf.distribute.InputContext())))
-    paths = [self.paths[i] for i in shard.files]
-    decoded = self._decoded(shard, lambda: self.parsed(
-        tf.data.TFRecordDataset(paths), batch_size=256))
+              paths, shard.num_examples,
+              lambda: self.pipeline_examples(tf.distribute.InputContext())))
+    order = elastic.read_by(order, pipelines)
+    parts = [self._worker_shards(order, pipelines, p) for p in range(pipelines)]
+    shards = parts[cluster.pipeline_id]
+    if (shards[0].record_level or (pipelines > 1 and cluster.local_replicas > 1) or
+        not self._holdable(max(sum(s.num_examples for s in part)
+                               for part in parts))):
+      return None
+    paths = [self.paths[i] for shard in shards for i in shard.files]
+    decoded = self._decoded(
+        paths, sum(s.num_examples for s in shards),
+        lambda: self.parsed(tf.data.TFRecordDataset(paths), batch_size=256))
+    # Shard k's records follow those of the shards before it in memory.
+    starts = np.cumsum([0] + [s.num_examples for s in shards[:-1]])
+    per_shard = elastic.per_shard(order)
     per_step = cluster.local_replicas * per_replica_batch_size
 
     def ids(start_step):
-      stream = shard.train_stream(order, position=start_step * per_step, ids=True)
-      return stream.batch(per_step, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+      streams = [shard.train_stream(order, position=start_step * per_shard,
+                                    ids=True, first_id=int(start))
+                 for shard, start in zip(shards, starts)]
+      return elastic.interleaved(streams, per_shard=per_shard).batch(
+          per_step, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     return gather.StreamedIdsGather(strategy=strategy, data=decoded,
                                     per_replica_batch_size=per_replica_batch_size,
                                     preprocess=preprocess, ids=ids,
                                     local_replicas=cluster.local_replicas)
 
-  def _decoded(self, shard: Shard, records) -> arrays.ArrayData:
-    """`records()`, a dataset of a pipeline's parsed records, as arrays.
+  def _holdable(self, records: int) -> bool:
+    """Whether `records` parsed records fit in memory and read the same twice."""
+    return (gather.fits_in_memory(self.element_spec, records) and
+            not dataset_graph.varies_between_reads(self._parsed(self.paths[:1])))
+
+  def _decoded(self, paths: list, count: int, records) -> arrays.ArrayData:
+    """`records()`, a dataset of the parsed records of `paths`, as arrays.
 
     Raises:
       DataError: a record that cannot be read or parsed, named; or a count other
-        than the index's.
+        than the index's (`count`).
     """
     try:
       decoded = arrays.read_into_memory(records(), what=self.flag)
     except tf.errors.OpError:
-      for path in (self.paths[i] for i in shard.files):
+      for path in paths:
         found = record_files.bad_record(path, parse=self.parsed)
         if found:
           raise DataError(f"{self.flag}: bad record in {found} (found while "
@@ -216,9 +264,9 @@ class TFRecords(streams.PerPipeline):
                           "--array_input=dataset reads them as it trains)"
                           ) from None
       raise
-    if decoded.num_examples != shard.num_examples:
+    if decoded.num_examples != count:
       raise DataError(f"{self.flag}: read {decoded.num_examples} records where the "
-                      f"index counts {shard.num_examples}; rewrite the index "
+                      f"index counts {count}; rewrite the index "
                       "(scripts/make_tfrecords.py --index)")
     return decoded
 
@@ -226,16 +274,24 @@ class TFRecords(streams.PerPipeline):
                     records=0):
     """When the error came out of the input (a corrupt file, or an error in the
     iterator's get-next), looks for the first bad record where this worker was
-    reading: training, the blocks from `position` over the call's `records` (and
-    the next, which prefetching may have read); evaluation, all of its files."""
+    reading: training, in each of its input shards, the blocks of the steps from
+    its stream `position` over the call's `records` (and the next, which
+    prefetching may have read); evaluation, all of its files."""
     if not (isinstance(error, tf.errors.DataLossError) or
             "IteratorGetNext" in str(error)):
       return None
-    shard = self._own_shard(cluster)
     if split == "train":
-      paths = shard.files_read(position, records, order)
+      pipelines = cluster.num_pipelines
+      order = elastic.read_by(order, pipelines)
+      per_pipeline, per_shard = (order.global_batch_size // pipelines,
+                                 elastic.per_shard(order))
+      first, steps = position // per_pipeline, -(-records // per_pipeline)
+      paths = []
+      for shard in self._worker_shards(order, pipelines, cluster.pipeline_id):
+        paths += [p for p in shard.files_read(first * per_shard, steps * per_shard,
+                                              order) if p not in paths]
     else:
-      paths = [self.paths[i] for i in shard.files]
+      paths = [self.paths[i] for i in self._own_shard(cluster).files]
     for path in paths:
       found = record_files.bad_record(path, parse=self.parsed)
       if found:

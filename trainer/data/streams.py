@@ -1,30 +1,26 @@
-"""Streamed data: a task's tf.data.Dataset, or a function building one input
-pipeline's dataset; and the one stream and eval-padding path they share with
-TFRecord files.
+"""Streamed data: a task's tf.data.Dataset (`StreamData`), and the stream and
+eval-padding helpers it shares with per-pipeline data (pipelines.py: pipeline
+functions and TFRecord files).
 
-A stream is shuffled with a seeded buffer, repeated and batched, so its order is a
-function of the seed (given a dataset that is itself deterministic); a resume at
-step `s` skips the examples of the first `s` batches, which reads them again (a
-cost proportional to `s`).
+A stream is repeated, shuffled with a seeded buffer and batched, so its order is
+a function of the seed (given a dataset that is itself deterministic); a resume
+at step `s` skips the examples of the first `s` batches, which reads them again
+(a cost proportional to `s`).
 
-A single dataset (`StreamData`) is batched to global batches that
-`experimental_distribute_dataset` splits over the replicas. A pipeline function
-(`PipelineData`) and TFRecord files build one dataset per input pipeline (one per
-worker), given its `tf.distribute.InputContext`, through
-`distribute_datasets_from_function`: each worker reads only its own part, and each
-of its replicas takes one per-replica batch per step.
+A single dataset is batched to global batches that
+`experimental_distribute_dataset` splits over the replicas, or, where it can be,
+held in memory and gathered in-graph in the same order.
 
 Evaluation reads every example once and pads with weight-0 copies of a real
-example to whole batches; per-pipeline data pads every pipeline to the same number
-of batches, so every worker runs the same number of eval steps.
+example to whole batches.
 """
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Optional
 
 import tensorflow as tf
 
-from trainer.data import arrays, base, gather
+from trainer.data import arrays, base, elastic, gather
 from trainer.data.dataset_graph import ELEMENTS, read_variation
 from trainer.data.examples import as_examples
 from trainer.errors import DataError
@@ -47,28 +43,33 @@ def shuffle_buffer(element_spec, buffer: int) -> int:
   return max(1, min(buffer, MAX_SHUFFLE_BYTES // size))
 
 
-def stream_batches(dataset: tf.data.Dataset, order: base.Order, *, shuffle_seed: int,
-                   batch_size: int, position: int,
-                   element_spec=None) -> tf.data.Dataset:
-  """The endless batches of a stream of examples, from example `position` on:
+def shuffled_stream(dataset: tf.data.Dataset, order: base.Order, *,
+                    shuffle_seed: int, position: int, element_spec=None,
+                    shares: int = 1) -> tf.data.Dataset:
+  """The endless stream of a dataset's examples, from example `position` on:
   repeated, then shuffled with a seeded buffer of --shuffle_buffer elements (at
   most MAX_SHUFFLE_BYTES of `element_spec`'s: default, the dataset's own; ids
-  that stand for held elements pass theirs, so both orders agree), then
-  batched. The buffer fills once, at the start: a shuffle before the repeat
-  refills it at every epoch, and training waits while it reads that many
-  elements (decoding images, say) before the epoch's first."""
+  that stand for held elements pass theirs, so both orders agree), or its part
+  for one of `shares` input shards. The buffer fills once, at the start: a
+  shuffle before the repeat refills it at every epoch, and training waits while
+  it reads that many elements (decoding images, say) before the epoch's first."""
   if element_spec is None:
     element_spec = dataset.element_spec
   dataset = dataset.repeat()
   if order.shuffle:
-    dataset = dataset.shuffle(shuffle_buffer(element_spec, order.buffer),
-                              seed=shuffle_seed)
-  return dataset.skip(position).batch(batch_size, drop_remainder=True)
+    dataset = dataset.shuffle(
+        elastic.share(shuffle_buffer(element_spec, order.buffer), shares),
+        seed=shuffle_seed)
+  return dataset.skip(position)
 
 
-def pipeline_seed(order: base.Order, pipeline_id: int) -> int:
-  """The shuffle seed of one input pipeline's stream."""
-  return order.seed * 1_000_003 + pipeline_id
+def stream_batches(dataset: tf.data.Dataset, order: base.Order, *, shuffle_seed: int,
+                   batch_size: int, position: int,
+                   element_spec=None) -> tf.data.Dataset:
+  """The endless batches of `shuffled_stream(dataset, ...)`."""
+  return shuffled_stream(dataset, order, shuffle_seed=shuffle_seed,
+                         position=position, element_spec=element_spec).batch(
+                             batch_size, drop_remainder=True)
 
 
 def padded(dataset: tf.data.Dataset, *, padding: int) -> tf.data.Dataset:
@@ -109,104 +110,6 @@ def max_over_workers(strategy, cluster, value: int) -> int:
       tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)),
       axis=None))()
   return int(round(float(tf.reduce_max(total)) / cluster.local_replicas))
-
-
-def exact_shards(order: base.Order, pipelines: int) -> bool:
-  """Whether per-pipeline data is read as order.input_shards shards by
-  `pipelines` pipelines (a worker count that divides the run's first one)."""
-  shards = order.input_shards
-  return (shards > pipelines and shards % pipelines == 0 and
-          order.global_batch_size % shards == 0)
-
-
-def order_pipelines(order: base.Order, pipelines: int) -> int:
-  """The input pipelines the order of per-pipeline data read by `pipelines` of
-  them is defined over, which a run records: order.input_shards where these
-  read them exactly (`exact_shards`), else `pipelines` (then each reads other
-  examples than the run's first pipelines did)."""
-  return order.input_shards if exact_shards(order, pipelines) else pipelines
-
-
-class PerPipeline(base.TaskData):
-  """Data that each input pipeline (worker) reads its own part of. Subclasses say
-  how one pipeline streams batches and reads its eval part."""
-
-  per_pipeline = True
-
-  def pipeline_batches(self, context: tf.distribute.InputContext, order: base.Order,
-                       *, batch_size: int, position: int) -> tf.data.Dataset:
-    """Pipeline `context.input_pipeline_id`'s endless batches of stored features,
-    from its example `position` on."""
-    raise NotImplementedError
-
-  def pipeline_examples(self, context: tf.distribute.InputContext
-                        ) -> tf.data.Dataset:
-    """Pipeline `context.input_pipeline_id`'s part of an eval split, once."""
-    raise NotImplementedError
-
-  def train_input(self, strategy, cluster, order, *, start_step, preprocess):
-    del cluster
-
-    def build(context):
-      per_replica = context.get_per_replica_batch_size(order.global_batch_size)
-      local = context.num_replicas_in_sync // context.num_input_pipelines
-      if exact_shards(order, context.num_input_pipelines):
-        batches = self._shard_batches(context, order, per_replica=per_replica,
-                                      start_step=start_step)
-      else:
-        batches = self.pipeline_batches(context, order, batch_size=per_replica,
-                                        position=start_step * local * per_replica)
-      # A plain map: a parallel one after the batch is rewritten under
-      # multi-worker with an error line on stderr, and batches are cheap to
-      # preprocess.
-      dataset = batches.map(preprocessed(preprocess))
-      return dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options(OFF))
-
-    return strategy.distribute_datasets_from_function(build, base.input_options())
-
-  def _shard_batches(self, context, order, *, per_replica: int, start_step: int):
-    """This pipeline's per-replica batches when the order is defined over
-    order.input_shards shards, more than the pipelines: pipeline w of W reads
-    shards [w*V/W, (w+1)*V/W), each step B/V examples of each, in shard order.
-    The global batch of a step is then the same on any W that divides V (and
-    replica r of any layout gets the same examples as replica r of the run's
-    first layout, where replicas and shards line up)."""
-    shards, pipelines = order.input_shards, context.num_input_pipelines
-    mine = shards // pipelines
-    per_shard = order.global_batch_size // shards
-    first = context.input_pipeline_id * mine
-    streams = tuple(
-        self.pipeline_batches(
-            tf.distribute.InputContext(shards, v, context.num_replicas_in_sync),
-            order, batch_size=per_shard, position=start_step * per_shard)
-        for v in range(first, first + mine))
-    steps = tf.data.Dataset.zip(streams).map(
-        lambda *parts: tf.nest.map_structure(lambda *p: tf.concat(p, 0), *parts))
-    return steps.unbatch().batch(per_replica, drop_remainder=True)
-
-  def eval_input(self, strategy, cluster, *, global_batch_size, preprocess):
-    per_replica = -(-global_batch_size // cluster.num_replicas)
-    per_step = cluster.local_replicas * per_replica
-    mine = self.count(cluster)
-    num_batches = max(1, -(-max_over_workers(strategy, cluster, mine) // per_step))
-
-    def build(context):
-      dataset = padded(self.pipeline_examples(context),
-                       padding=num_batches * per_step - mine)
-      dataset = dataset.batch(per_replica, drop_remainder=True).map(
-          lambda f, y, w, p: (preprocess(f), y, w, p))
-      return dataset.prefetch(tf.data.AUTOTUNE).with_options(base.dataset_options(OFF))
-
-    return (strategy.distribute_datasets_from_function(build, base.input_options()),
-            num_batches)
-
-  def host_batches(self, order, *, num_replicas, start_step, count):
-    # One pipeline's consecutive per-replica batches, replica 0 first, make a step.
-    batches = self.pipeline_batches(
-        tf.distribute.InputContext(1, 0, num_replicas), order,
-        batch_size=order.global_batch_size,
-        position=start_step * order.global_batch_size)
-    return list(batches.take(count))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,52 +199,6 @@ class StreamData(base.TaskData):
                                     local_replicas=strategy.num_replicas_in_sync)
 
 
-@dataclasses.dataclass
-class PipelineData(PerPipeline):
-  """A task's function that builds one input pipeline's data.
-
-  Attributes:
-    build: `input_context -> tf.data.Dataset` of unbatched (features, labels)
-      elements: the part of the data that input pipeline
-      `input_context.input_pipeline_id` of `input_context.num_input_pipelines`
-      reads (e.g. its own files). The framework shuffles (a buffer seeded by
-      --seed and the pipeline), repeats, batches and, on resume, skips the
-      batches already trained on (which reads them again).
-    what: where it came from, for errors.
-  """
-  build: Callable
-  what: str = "the pipeline function"
-  note: Optional[str] = None
-  _counts: dict = dataclasses.field(default_factory=dict)
-
-  @property
-  def element_spec(self):
-    return self.build(tf.distribute.InputContext()).element_spec
-
-  def first(self, count: int):
-    return next(iter(self.build(tf.distribute.InputContext()).batch(count).take(1)))
-
-  def describe(self, cluster) -> str:
-    return (f"input pipeline {cluster.pipeline_id} of {cluster.num_pipelines}: the "
-            "task's pipeline function")
-
-  def count(self, cluster) -> int:
-    """Examples of this worker's pipeline (an eval split), counted once per layout."""
-    key = (cluster.num_pipelines, cluster.pipeline_id)
-    if key not in self._counts:
-      self._counts[key] = base.count_elements(self.build(tf.distribute.InputContext(
-          cluster.num_pipelines, cluster.pipeline_id, cluster.num_replicas)))
-    return self._counts[key]
-
-  def pipeline_batches(self, context, order, *, batch_size, position):
-    return stream_batches(self.build(context), order,
-                          shuffle_seed=pipeline_seed(order, context.input_pipeline_id),
-                          batch_size=batch_size, position=position)
-
-  def pipeline_examples(self, context):
-    return self.build(context)
-
-
 def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool,
                   name: str = "the dataset", kind: str = "a tf.data.Dataset"):
   """Checks a task's dataset of (features, labels) elements (unbatched: see
@@ -376,30 +233,3 @@ def check_stream(value: tf.data.Dataset, *, what: str, finite: bool) -> StreamDa
   if cardinality < 0:  # Unknown: count it.
     cardinality = base.count_elements(value)
   return StreamData(value, num_examples=cardinality, what=what, note=note)
-
-
-def check_pipeline(build: Callable, *, what: str, finite: bool) -> PipelineData:
-  """A task's pipeline function as PipelineData, checked on a one-pipeline context.
-
-  Raises:
-    DataError: it does not return a dataset of (features, labels) pairs with
-      elements, or (an eval split) it is infinite or has unknown shapes.
-  """
-  dataset = build(tf.distribute.InputContext())
-  if not isinstance(dataset, tf.data.Dataset):
-    raise DataError(f"{what}: the pipeline function must return a tf.data.Dataset, "
-                    f"got {type(dataset).__name__}")
-  dataset, note = as_examples(dataset, what=what, name="the pipeline's dataset")
-  check_dataset(dataset, what=what, finite=finite, name="the pipeline's dataset",
-                kind="the pipeline's dataset")
-  spec = dataset.element_spec
-  if finite and not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
-    raise DataError(f"{what}: eval elements need known shapes (padding copies "
-                    f"them), got {spec}")
-  if note:
-    built = build
-
-    def build(context):
-      return built(context).unbatch()
-
-  return PipelineData(build, what=what, note=note)

@@ -3,8 +3,8 @@ as it ends (what it reached, where it is, how to look further)."""
 
 import math
 import os
+from typing import Optional
 
-from trainer.data.streams import order_pipelines
 from trainer.outputs.progress import format_metrics
 from trainer.training import optimizers
 from trainer.training.record import RunRecord
@@ -57,12 +57,9 @@ def notes(config, *, built, restored, previous: RunRecord) -> list:
   first, then the chief's notes."""
   cluster = built.cluster
   lines = []
-  if restored is not None and previous.input_pipelines not in (
-      None, order_pipelines(built.trainer.order, cluster.num_pipelines)):
-    lines.append(f"note: the run read its data through {previous.input_pipelines} "
-                 f"input pipeline(s), now {cluster.num_pipelines}: each worker reads "
-                 "other files, so the examples from here on are not those an "
-                 "uninterrupted run would have read")
+  if restored is not None and built.train_data.per_pipeline:
+    note = data_order_note(previous, built.trainer.order, cluster.num_pipelines)
+    lines += [note] if note else []
   if config.init_checkpoint and restored is not None:
     lines.append(f"note: --init_checkpoint={config.init_checkpoint} is not used: the "
                  "run resumes from its own checkpoint")
@@ -83,6 +80,26 @@ def notes(config, *, built, restored, previous: RunRecord) -> list:
                                    if built.eval_data is not None else
                                    f" (task {config.task} has no eval data)"))
   return lines
+
+
+def data_order_note(previous: RunRecord, order, pipelines: int) -> Optional[str]:
+  """The line saying that a resume of per-pipeline data reads other examples than
+  an uninterrupted run would, or None: on a worker count that cannot share the
+  run's input shards (the run then picked others: `order`'s), or from a
+  checkpoint of an earlier version, whose pipelines each had what the shards now
+  share."""
+  was, now = previous.ordered_shards(), order.input_shards
+  if was and was != now:
+    return (f"note: the run's data is ordered over {was} input shards, which "
+            f"{pipelines} worker(s) cannot share evenly; from here on it is ordered "
+            f"over {now}, so the examples are not those an uninterrupted run would "
+            "have read")
+  if previous.input_shards is None and (was or 1) > 1:
+    return (f"note: the checkpoint is of an earlier version, whose {was} input "
+            "pipelines each had the whole shuffle buffer and block of files; this "
+            "version shares them among its input shards, so the examples from here "
+            "on are not those the earlier version would have read")
+  return None
 
 
 def closing_lines(data: dict, *, model_dir: str, best_metric: str) -> list:

@@ -27,7 +27,10 @@ class RunRecord:
     global_batch_size: examples per step over every replica.
     num_replicas: replicas in sync when it was saved.
     num_workers: workers when it was saved.
-    input_pipelines: input pipelines when it was saved.
+    input_shards: the input shards per-pipeline data is ordered over
+      (data.Order.input_shards; None for other data).
+    input_pipelines: what checkpoints of earlier versions recorded instead: the
+      input pipelines their order was defined over (read, never written).
     best_eval: the best evaluation so far (by --best_metric), with its step.
     patience_reference: --best_metric's value that later ones must beat.
     evals_without_improvement: evaluations since it was last beaten.
@@ -44,11 +47,18 @@ class RunRecord:
   global_batch_size: Optional[int] = None
   num_replicas: Optional[int] = None
   num_workers: Optional[int] = None
+  input_shards: Optional[int] = None
   input_pipelines: Optional[int] = None
   best_eval: Optional[dict] = None
   patience_reference: Optional[float] = None
   evals_without_improvement: int = 0
   lr_plateau_factor: float = 1.0
+
+  def ordered_shards(self) -> Optional[int]:
+    """The input shards the run's per-pipeline data was ordered over: its
+    input_shards, or in a checkpoint of an earlier version its input pipelines
+    (before those were recorded: one per worker); None where nothing says."""
+    return self.input_shards or self.input_pipelines or self.num_workers
 
   def to_json(self) -> str:
     return json.dumps({k: v for k, v in dataclasses.asdict(self).items()

@@ -39,7 +39,8 @@ class RunFacts:
     per_replica_batch_size: examples per replica per step.
     num_replicas: replicas in sync.
     num_workers: processes training together.
-    input_pipelines: input pipelines (one per worker under multi-worker).
+    input_shards: the input shards its per-pipeline data is ordered over
+      (data.Order.input_shards; 0 for other data).
   """
   layout: dict
   flags: tuple
@@ -48,7 +49,7 @@ class RunFacts:
   per_replica_batch_size: int
   num_replicas: int
   num_workers: int
-  input_pipelines: int
+  input_shards: int
 
   def record_into(self, record: RunRecord):
     """Writes these facts into a run record (saved with the next checkpoint)."""
@@ -56,7 +57,8 @@ class RunFacts:
     record.flags = list(self.flags)
     record.global_batch_size = self.global_batch_size
     record.num_replicas, record.num_workers = self.num_replicas, self.num_workers
-    record.input_pipelines = self.input_pipelines
+    record.input_shards = self.input_shards or None
+    record.input_pipelines = None  # Its earlier name: input_shards says it now.
 
 
 def _newest_readable(directory: str) -> Optional[tuple]:

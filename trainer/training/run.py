@@ -34,7 +34,6 @@ from trainer.config import Config
 from trainer.errors import (ExportError, ModelDirError, RunStatus,
                             UserCodeError, disk_full_is_one_line, no_space,
                             user_code)
-from trainer.data.streams import order_pipelines
 from trainer.interrupts import stop_on_signals
 from trainer.distribute import devices
 from trainer.outputs import export, run_dir
@@ -118,7 +117,7 @@ def _train_built(built: setup.Built, *, actions: list, stop_request,
       global_batch_size=trainer.global_batch_size,
       per_replica_batch_size=trainer.per_replica_batch_size,
       num_replicas=trainer.num_replicas, num_workers=cluster.num_workers,
-      input_pipelines=order_pipelines(trainer.order, cluster.num_pipelines))
+      input_shards=trainer.order.input_shards)
   if config.init_checkpoint and not checkpoints.exists():
     _warm_start(trainer, config.init_checkpoint, console)  # A bad one writes nothing.
   export.check_serving_signature(task, train_data.feature_spec)
@@ -264,7 +263,7 @@ def _announce(built: setup.Built, *, restored, previous, nan_policy):
       model_dir=built.config.model_dir, task=built.config.task, trainer=trainer,
       restored=restored, previous=previous, multiplier=nan_policy.multiplier,
       rollbacks=nan_policy.rollbacks))
-  described = built.train_data.describe(cluster)
+  described = built.train_data.describe(cluster, trainer.order)
   if described and (cluster.is_chief or cluster.num_workers > 1):
     console.say_as_worker(f"input: {described}")
   for line in announce.notes(built.config, built=built, restored=restored,

@@ -142,7 +142,9 @@ def _build_on(config: Config, task: Task, *, strategy, cluster: Cluster, console
   # 3. The trainer: model, optimizer, step, ledgers and loops, under the strategy.
   order = data.Order(seed=config.seed, shuffle=config.shuffle,
                      buffer=config.shuffle_buffer, global_batch_size=global_batch,
-                     input_shards=_input_shards(config.model_dir, cluster, train_data))
+                     input_shards=_input_shards(config.model_dir, cluster, train_data,
+                                                global_batch_size=global_batch,
+                                                training=training))
   trainer = build_trainer(
       task=task, strategy=strategy, cluster=cluster, train_data=train_data,
       optimization=config.optimization, order=order,
@@ -176,22 +178,25 @@ def _preprocessed_once(task: Task, train_data, eval_data, console) -> tuple:
   return tuple(splits)
 
 
-def _input_shards(model_dir: str, cluster: Cluster, train_data) -> int:
-  """The input pipelines per-pipeline data was first read through (its run's
-  newest checkpoint records them), which this invocation reads exactly where its
-  worker count divides them (data.Order.input_shards); 0 for other data."""
-  if not train_data.per_pipeline:
+def _input_shards(model_dir: str, cluster: Cluster, train_data, *,
+                  global_batch_size: int, training: bool) -> int:
+  """The input shards per-pipeline data is ordered over (data.Order.input_shards):
+  those the run's newest checkpoint records where this invocation's workers read
+  them exactly, else (a new run, or one resumed on a worker count that cannot)
+  those the data picks for this layout; 0 for other data, and for an evaluation
+  (which reads no training data)."""
+  if not train_data.per_pipeline or not training:
     return 0
+  recorded = None
   newest = checkpoint_files.latest(os.path.join(model_dir or "",
                                                 checkpoint_files.CHECKPOINT_SUBDIR))
   if newest:
     try:
-      recorded = checkpoint_files.read_record(newest).input_pipelines
+      recorded = checkpoint_files.read_record(newest).ordered_shards()
     except (tf.errors.OpError, ValueError):
-      recorded = None  # Unreadable: the restore says so and takes another.
-    if recorded:
-      return recorded
-  return cluster.num_pipelines
+      pass  # Unreadable: the restore says so and takes another.
+  return train_data.input_shards(recorded=recorded, pipelines=cluster.num_pipelines,
+                                 global_batch_size=global_batch_size)
 
 
 def _refuse_evaluation_flags(config: Config):
