@@ -45,6 +45,10 @@ class FitData:
   positional_features: bool = False
   positional_labels: bool = False
 
+  @property
+  def is_dataset(self) -> bool:
+    return isinstance(self.train, tf.data.Dataset)
+
 
 def _refuse(argument: str, message: str):
   raise ConfigError(f"fit({argument}=...): {message}")

@@ -9,13 +9,16 @@ evaluation's as `val_*` (the framework evaluated at that step), and the learning
 rate where a learning-rate callback would log it. A callback that sets
 `model.stop_training` stops the run at that step (trainer.STOP).
 
-An epoch's train values are the steps-weighted means of its loop calls' values:
-Keras's own for the loss and for metrics that are means (accuracy,
-crossentropy, MAE...) over equal batches; for other metrics (AUC, precision...)
-the mean of the calls' values.
+Each epoch is one loop call unless --steps_per_loop is shorter, so its train
+values are Keras's: the mean loss over its steps and each metric's result over
+its examples. Over several loop calls, they are the calls' steps-weighted means
+(the sum of the calls' values for counts: TruePositives, Sum...): still
+Keras's for the loss, counts and metrics that are means (accuracy,
+crossentropy, MAE...) of equal batches, close to it for others (AUC,
+precision...).
 """
 
-import numpy as np
+import keras
 
 from trainer.actions.user import STOP
 from trainer.errors import user_code
@@ -85,12 +88,13 @@ class EpochCallbacks:
     self._lines = []
     state = self.record.read()
     steps = context.step - self._call_start
-    for key in self._task.train_keys:
-      state["sums"][key] = (state["sums"].get(key, 0.0) +
-                            float(context.metrics[key]) * steps)
     state["steps"] += steps
-    running = {key: state["sums"][key] / state["steps"]
-               for key in self._task.train_keys}
+    running = {}
+    for key in self._task.train_keys:
+      adds_up = self._task.adds_up(key)
+      state["sums"][key] = state["sums"].get(key, 0.0) + float(
+          context.metrics[key]) * (1 if adds_up else steps)
+      running[key] = state["sums"][key] / (1 if adds_up else state["steps"])
     epoch, batch = divmod(context.step - 1, self._steps)
     if context.step % self._steps:
       self.record.write(state)
@@ -134,7 +138,7 @@ class EpochCallbacks:
     rate of the epoch's last step: a reduction takes effect from the next)."""
     if self._task.learning_rates is not None:
       return float(self._task.learning_rates[epoch])
-    return float(np.asarray(model.optimizer.learning_rate))
+    return float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
 
   def on_train_end(self, logs: dict):
     """After the run: the callbacks' on_train_end with the last epoch's logs."""
@@ -149,5 +153,5 @@ def _weight_penalty(model) -> float:
   for variable in model.trainable_weights:
     regularizer = getattr(variable, "regularizer", None)
     if regularizer is not None:
-      total += float(np.asarray(regularizer(variable)))
+      total += float(keras.ops.convert_to_numpy(regularizer(variable)))
   return total

@@ -11,7 +11,6 @@ import csv
 import io
 import os
 
-import numpy as np
 
 from trainer.keras_fit.history import epoch_logs
 
@@ -117,5 +116,5 @@ def epoch_line(epoch: int, epochs: int, logs: dict) -> str:
 
 
 def _short(value: float) -> str:
-  value = float(np.asarray(value))
+  value = float(value)
   return f"{value:.4f}" if value == 0 or abs(value) >= 1e-3 else f"{value:.4e}"

@@ -224,9 +224,11 @@ def _config(fields: dict, plan, *, data, epochs: int, shuffle: bool,
   validation = data.validation is not None
   settings = dict(
       train_steps=epochs * steps, global_batch_size=data.batch_size,
-      shuffle=shuffle, mode="train_and_eval" if validation else "train",
+      # As Keras: a dataset is read in its own order (shuffle is for arrays).
+      shuffle=shuffle and not data.is_dataset,
+      mode="train_and_eval" if validation else "train",
       eval_every=steps * validation_freq if validation else 0,
-      checkpoint_every=steps)
+      checkpoint_every=steps, steps_per_loop=steps)  # An epoch per loop call.
   if os.environ.get("TF_CONFIG") and "strategy" not in fields:
     settings["strategy"] = "multi_worker"
   monitor = plan.patience_monitor or plan.best_monitor

@@ -18,6 +18,9 @@ from trainer.keras_fit.data import INPUT
 from trainer.keras_fit.history import FitRecord
 from trainer.tasks.base import Task
 
+_COUNTS = (keras.metrics.TruePositives, keras.metrics.FalsePositives,
+           keras.metrics.TrueNegatives, keras.metrics.FalseNegatives,
+           keras.metrics.Sum)
 NOT_REBUILDABLE = (
     "this run was made by trainer.fit(build, ...), whose build() and data live in "
     "the program that trained it: load its model with keras.models.load_model("
@@ -52,6 +55,7 @@ class FitTask(Task):
     self._schedule, self._epochs, self._monitors = schedule, epochs, monitors
     self.model = None  # The model being trained (the latest build).
     self.compiled = None
+    self.train_keys = ()  # The logs' train keys, once built.
     self.learning_rates = None  # The schedule's rate of each epoch.
     self._record = None
 
@@ -76,19 +80,27 @@ class FitTask(Task):
       raise ConfigError("fit(class_weight=...): only for a model of one output "
                         "(as Keras's fit)")
     self.model, self.compiled = model, compiled
+    self.train_keys = self._train_keys(compiled)
     self._check_monitors()
     type(self).metric_goals.update(
         {name: goal for name in (*self.train_keys, *compiled.metrics)
          if (goal := self.direction(name))})
     return model
 
-  @property
-  def train_keys(self) -> tuple:
+  @staticmethod
+  def _train_keys(compiled) -> tuple:
     """The logs' train keys, in Keras's order: the loss, the compiled metrics
     (those of one value), each output's loss (several outputs)."""
-    scalar = tuple(name for name, metric in self.compiled.metrics.items()
+    scalar = tuple(name for name, metric in compiled.metrics.items()
                    if np.size(metric.result()) == 1)
-    return ("loss", *scalar, *self.compiled.output_losses)
+    return ("loss", *scalar, *compiled.output_losses)
+
+  def adds_up(self, key: str) -> bool:
+    """Whether a train key's value over several loop calls is their sum (a
+    count: TruePositives, Sum...) rather than their steps-weighted mean (the
+    loss, a mean such as accuracy; approximate for others, e.g. AUC)."""
+    metric = getattr(self.compiled.metrics.get(key), "metric", None)
+    return isinstance(metric, _COUNTS)
 
   def direction(self, key: str):
     """"max" or "min" for a key of the logs (val_ or not), or None."""
@@ -190,7 +202,7 @@ def _scheduled_rates(schedule, optimizer, epochs: int) -> list:
     raise ConfigError("callbacks: keras.callbacks.LearningRateScheduler: the "
                       "compiled optimizer has a LearningRateSchedule already; use "
                       "one of them")
-  rate, rates = float(np.asarray(optimizer.learning_rate)), []
+  rate, rates = float(keras.ops.convert_to_numpy(optimizer.learning_rate)), []
   for epoch in range(epochs):
     with user_code("LearningRateScheduler's schedule"):
       try:
