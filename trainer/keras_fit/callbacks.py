@@ -210,12 +210,10 @@ def _early_stopping(callback, result, *, validation, **_):
   if callback.start_from_epoch:
     _refuse(callback, f"start_from_epoch={callback.start_from_epoch}: not "
             "supported; leave it 0")
-  if callback.patience < 1:
-    _refuse(callback, f"patience={callback.patience}: must be >= 1 (Keras stops "
-            "after the first epoch without an improvement)")
   monitor = _monitor(callback, validation=validation, needs_validation=True)
   _agree(result, callback, monitor, callback.min_delta)
-  result.config["early_stopping_patience"] = int(callback.patience)
+  # Keras counts the epoch before comparing: patience 0 stops as 1 does.
+  result.config["early_stopping_patience"] = max(1, int(callback.patience))
   result.restore_best = result.restore_best or bool(callback.restore_best_weights)
 
 
@@ -225,12 +223,11 @@ def _reduce_lr_on_plateau(callback, result, *, validation, **_):
   if result.schedule is not None:
     _refuse(callback, "with a LearningRateScheduler: the scheduler sets every "
             "epoch's rate; use one of them")
-  if callback.patience < 1 or not 0.0 < callback.factor < 1.0:
-    _refuse(callback, f"patience={callback.patience}, factor={callback.factor}: "
-            "need patience >= 1 and 0 < factor < 1")
+  if not 0.0 < callback.factor < 1.0:
+    _refuse(callback, f"factor={callback.factor}: must be in (0, 1)")
   monitor = _monitor(callback, validation=validation, needs_validation=True)
   _agree(result, callback, monitor, callback.min_delta)
-  result.config.update(reduce_lr_patience=int(callback.patience),
+  result.config.update(reduce_lr_patience=max(1, int(callback.patience)),
                        reduce_lr_factor=float(callback.factor),
                        min_learning_rate=float(callback.min_lr))
   result.logs_learning_rate = True

@@ -152,13 +152,20 @@ class FitTask(Task):
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
       optimizer = optimizer.inner_optimizer  # The framework scales the loss.
     if self._schedule is not None:
+      # A new optimizer of the same kind, its rate the schedule of the epochs'
+      # rates (a function of its iterations, so a resume goes on at the rate
+      # its checkpoint had); Keras's own rate variable cannot be swapped for a
+      # schedule once tracked.
       self.learning_rates = _scheduled_rates(self._schedule, optimizer,
                                              self._epochs)
       steps = self._fit_data().steps_per_epoch
-      optimizer.learning_rate = keras.optimizers.schedules.PiecewiseConstantDecay(
+      rates = keras.optimizers.schedules.PiecewiseConstantDecay(
           boundaries=[(e + 1) * steps - 1 for e in range(self._epochs - 1)],
           values=list(self.learning_rates)) if self._epochs > 1 else (
               self.learning_rates[0])
+      optimizer = type(optimizer).from_config(
+          dict(optimizer.get_config(), learning_rate=rates))
+      self.model.optimizer = optimizer  # What the callbacks' model holds.
     return optimizer
 
   @property
