@@ -6,6 +6,10 @@ anything is written."""
 
 import csv
 import os
+import re
+import signal
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -13,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import trainer
+from conftest import REPO, cli_env, read_results
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(640, 6)).astype("float32")
@@ -151,14 +156,16 @@ def _rows(path):
 
 
 def test_keras_callbacks_on_a_dataset_act_as_in_keras(model_dir, tmp_path):
-  """EarlyStopping and ReduceLROnPlateau on val_loss, ModelCheckpoint's best
-  file, CSVLogger's rows and a callback's own hooks, on batched datasets: the
-  run stops at Keras's epoch with Keras's History and files."""
+  """EarlyStopping (restoring the best weights) and ReduceLROnPlateau on
+  val_loss, ModelCheckpoint's best file, CSVLogger's rows and a callback's own
+  hooks, on batched datasets: the run stops at Keras's epoch with Keras's
+  History, files and model."""
   train = tf.data.Dataset.from_tensor_slices((X[:512], Y[:512])).batch(64)
   val = tf.data.Dataset.from_tensor_slices(VALIDATION).batch(64)
 
   def callbacks(name):
-    return [keras.callbacks.EarlyStopping(patience=2, min_delta=1e-4),
+    return [keras.callbacks.EarlyStopping(patience=2, min_delta=1e-4,
+                                          restore_best_weights=True),
             keras.callbacks.ReduceLROnPlateau(patience=1, factor=0.5,
                                               min_delta=1e-4),
             keras.callbacks.CSVLogger(str(tmp_path / f"{name}.csv")),
@@ -176,6 +183,8 @@ def test_keras_callbacks_on_a_dataset_act_as_in_keras(model_dir, tmp_path):
   assert_same_history(history, theirs)  # ...at the same epoch, as the run did.
   assert history.results["status"] == "early_stopped"
   assert min(theirs.history["learning_rate"]) < 0.5  # A reduction, logged.
+  assert_same_weights(history, model)  # The best epoch's, as Keras restores.
+  assert np.argmin(history.history["val_loss"]) < len(history.epoch) - 1
   for ours_row, their_row in zip(_rows(tmp_path / "ours.csv"),
                                  _rows(tmp_path / "theirs.csv"), strict=True):
     assert ours_row.keys() == their_row.keys()
@@ -216,38 +225,83 @@ def test_a_callback_stops_training_and_the_learning_rate_follows_a_schedule(
 
 
 class Interrupt(keras.callbacks.Callback):
-  """Stops the run as Ctrl-C does, at the middle of epoch 2 (its batch 3)."""
+  """Stops the run in the middle of epoch 2 (at its batch 3): as Ctrl-C does,
+  or with the requeue signal SLURM sends before a job's time limit."""
 
-  def __init__(self):
+  def __init__(self, how):
     super().__init__()
-    self.epochs_ended = 0
+    self.how, self.epochs_ended = how, 0
 
   def on_epoch_end(self, epoch, logs=None):
     self.epochs_ended += 1
 
   def on_train_batch_end(self, batch, logs=None):
     if self.epochs_ended == 2 and batch == 3:
-      raise KeyboardInterrupt
+      if self.how == "ctrl_c":
+        raise KeyboardInterrupt
+      os.kill(os.getpid(), signal.SIGUSR1)
 
 
-def test_an_interrupted_fit_resumes_to_the_straight_runs_history(tmp_path):
-  """Interrupted mid-epoch (a checkpoint of that step, SystemExit 4), the
-  program run again goes on from there: its History holds every epoch once,
-  the interrupted epoch's values counted over both invocations."""
+@pytest.mark.parametrize("how", ["ctrl_c", "requeue"])
+def test_an_interrupted_fit_resumes_to_the_straight_runs_history(
+    how, tmp_path, monkeypatch):
+  """Stopped mid-epoch (a checkpoint of that step; SystemExit 4, and under
+  SLURM the job requeued), the program run again goes on from there: its
+  History holds every epoch once, the interrupted epoch's values counted over
+  both invocations, and its weights are the straight run's."""
+  scontrol = tmp_path / "bin" / "scontrol"
+  scontrol.parent.mkdir()
+  scontrol.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'requeued'}\n")
+  scontrol.chmod(0o755)
+  monkeypatch.setenv("PATH", f"{scontrol.parent}{os.pathsep}{os.environ['PATH']}")
+  monkeypatch.setenv("SLURM_JOB_ID", "42")
   arguments = dict(batch_size=64, epochs=4, validation_data=VALIDATION,
                    steps_per_loop=4)
   straight = trainer.fit(build, X[:512], Y[:512],
                          model_dir=str(tmp_path / "straight"), **arguments)
   with pytest.raises(SystemExit) as stopped:
     trainer.fit(build, X[:512], Y[:512], model_dir=str(tmp_path / "resumed"),
-                callbacks=[Interrupt()], **arguments)
+                callbacks=[Interrupt(how)], **arguments)
   assert stopped.value.code == 4
+  assert read_results(str(tmp_path / "resumed"))["status"] == (
+      "requeued" if how == "requeue" else "interrupted")
+  assert read_results(str(tmp_path / "resumed"))["global_step"] == 20
+  if how == "requeue":
+    assert (tmp_path / "requeued").read_text() == "requeue 42\n"
   resumed = trainer.fit(build, X[:512], Y[:512],
                         model_dir=str(tmp_path / "resumed"), **arguments)
   assert resumed.results["global_step"] == 32
   assert_same_history(resumed, straight, rtol=1e-6)
   for a, b in zip(resumed.model.weights, straight.model.weights):
     np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6)
+
+
+def test_a_diverging_fit_stops_with_the_nan_guard(model_dir, capsys):
+  """As TerminateOnNaN, always: exit 3, divergence.json, the checkpoints
+  kept."""
+  with pytest.raises(SystemExit) as stopped:
+    trainer.fit(lambda: build(optimizer=keras.optimizers.SGD(1e30)), X[:512],
+                Y[:512] * 1e30, batch_size=64, epochs=3, model_dir=model_dir,
+                callbacks=[keras.callbacks.TerminateOnNaN()])
+  assert stopped.value.code == 3
+  assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: ")
+  assert os.path.isfile(os.path.join(model_dir, "divergence.json"))
+
+
+def test_a_fit_run_is_loaded_with_its_task_or_as_its_keras_export(model_dir):
+  history = trainer.fit(build, X[:512], Y[:512], batch_size=64, epochs=1,
+                        model_dir=model_dir, verbose=0)
+  _, model = trainer.load(model_dir, task=history.task)
+  exported = keras.models.load_model(os.path.join(model_dir, "export",
+                                                  "model.keras"))
+  for a, b in zip(model.weights, exported.weights):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  # Its flags alone name no build() nor data: one line says how to load it.
+  with pytest.raises(trainer.errors.TaskError, match=re.escape(
+      "this run was made by trainer.fit(build, ...), whose build() and data live "
+      "in the program that trained it: load its model with "
+      "keras.models.load_model('MODEL_DIR/export/model.keras')")):
+    trainer.load(model_dir)
 
 
 def test_the_programs_command_line_gives_config_fields(model_dir, monkeypatch):
@@ -259,3 +313,14 @@ def test_the_programs_command_line_gives_config_fields(model_dir, monkeypatch):
   assert history.model_dir == model_dir
   assert history.results["num_replicas"] == 2
   assert not os.path.exists("elsewhere")
+
+
+def test_the_keras_guide_runs_as_written(tmp_path):
+  """docs/keras.md's program, in a fresh process."""
+  with open(os.path.join(REPO, "docs", "keras.md")) as f:
+    [program] = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+  ran = subprocess.run([sys.executable, "-c", program], cwd=tmp_path,
+                       env=cli_env(PYTHONPATH=REPO), capture_output=True,
+                       text=True, timeout=300, check=False)
+  assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+  assert os.path.isdir(tmp_path / "runs" / "fit_digits" / "export")

@@ -41,6 +41,14 @@ def _two_outputs():
   return model
 
 
+def _scheduled():
+  model = build(compiled=False)
+  model.compile(optimizer=keras.optimizers.SGD(
+      keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)),
+      loss="binary_crossentropy")
+  return model
+
+
 DATASET = tf.data.Dataset.from_tensor_slices((X, Y)).batch(32)
 CASES = {
     "initial_epoch": (dict(initial_epoch=2), "fit(initial_epoch=2): trainer.fit "
@@ -99,6 +107,10 @@ CASES = {
         monitor="val_acc", patience=2)]), "EarlyStopping: monitor='val_acc' is "
                         "not in the logs, which hold loss, accuracy, val_loss, "
                         "val_accuracy"),
+    "plateau_of_a_schedule": (dict(validation_split=0.25, build=lambda: _scheduled(),
+                                   callbacks=[C.ReduceLROnPlateau()]),
+                              "ReduceLROnPlateau: the compiled optimizer's "
+                              "learning rate is a schedule"),
     "uncompiled": (dict(build=lambda: build(compiled=False)), "build() must "
                    "return a compiled model"),
     "not_a_model": (dict(build=lambda: "model"), "build() must return a compiled "
@@ -187,3 +199,15 @@ def test_a_program_that_ran_tensorflow_is_restarted_with_its_devices(tmp_path):
       "error: TensorFlow ran before trainer.fit, and this run needs its devices "
       "set up first")
   assert not os.path.exists(tmp_path / "inline")
+
+
+def test_launch_workers_takes_no_evaluator_beside_a_command(capsys):
+  """An evaluator runs --mode=continuous_eval: trainer flags, not a program."""
+  from trainer.distribute import launcher
+  with pytest.raises(SystemExit) as exited:
+    launcher.main(["--num_workers=2", "--evaluator", "--", sys.executable,
+                   "my_program.py"])
+  assert exited.value.code == 2
+  assert capsys.readouterr().err == (
+      "launch_workers.py: error: --evaluator: only with trainer flags (python -m "
+      "trainer.main's), not a command\n")

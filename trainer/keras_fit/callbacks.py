@@ -71,6 +71,7 @@ class CallbackPlan:
     restore_best: EarlyStopping(restore_best_weights=True): the History's model
       holds the best epoch's weights.
     schedule: LearningRateScheduler's `schedule(epoch, lr)`, or None.
+    plateau: ReduceLROnPlateau is on (the compiled rate must be a number).
     checkpoints: the ModelCheckpoint callbacks (their files).
     csv_loggers: the CSVLogger callbacks (their files).
     generic: the callbacks run as they are.
@@ -85,6 +86,7 @@ class CallbackPlan:
   best_monitor: Optional[Monitor] = None
   restore_best: bool = False
   schedule: Optional[Callable] = None
+  plateau: bool = False
   checkpoints: list = dataclasses.field(default_factory=list)
   csv_loggers: list = dataclasses.field(default_factory=list)
   generic: list = dataclasses.field(default_factory=list)
@@ -120,9 +122,12 @@ def _is_keras(callback) -> bool:
 
 
 def _epoch_frequency(callback, value, *, argument: str, steps_per_epoch: int) -> int:
-  """A save_freq / update_freq: "epoch", or a number of batches, as steps."""
+  """A save_freq / update_freq: "epoch", "batch" (update_freq) or a number of
+  batches, as steps."""
   if value == "epoch":
     return steps_per_epoch
+  if value == "batch" and argument == "update_freq":
+    return 1
   if isinstance(value, numbers.Integral) and value >= 1:
     return int(value)
   return _refuse(callback, f"{argument}={value!r}: must be 'epoch' or a number of "
@@ -227,6 +232,7 @@ def _reduce_lr_on_plateau(callback, result, *, validation, **_):
     _refuse(callback, f"factor={callback.factor}: must be in (0, 1)")
   monitor = _monitor(callback, validation=validation, needs_validation=True)
   _agree(result, callback, monitor, callback.min_delta)
+  result.plateau = True
   result.config.update(reduce_lr_patience=max(1, int(callback.patience)),
                        reduce_lr_factor=float(callback.factor),
                        min_learning_rate=float(callback.min_lr))

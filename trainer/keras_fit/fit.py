@@ -156,7 +156,8 @@ def _fit(build, x, y, *, epochs, verbose, callbacks, shuffle, class_weight,
                             owner=f"keras.callbacks.ModelCheckpoint({c.filepath!r})")
       for c in plan.checkpoints if c.save_best_only]
   task = task_class()(build, data, class_weight=class_weight,
-                      schedule=plan.schedule, epochs=epochs, monitors=monitors)
+                      schedule=plan.schedule, plateau=plan.plateau,
+                      epochs=epochs, monitors=monitors)
   params = {"verbose": 1 if verbose == "auto" else verbose, "epochs": epochs,
             "steps": data.steps_per_epoch}
   action = EpochCallbacks(

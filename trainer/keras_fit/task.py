@@ -39,13 +39,14 @@ class FitTask(Task):
   metric_goals = {}  # Each run's class has its own (task_class).
 
   def __init__(self, build=None, data=None, *, class_weight=None, schedule=None,
-               epochs: int = 1, monitors=()):
+               plateau: bool = False, epochs: int = 1, monitors=()):
     """Args:
       build: the user's build(): a new compiled model (None: a task rebuilt from
         the run's flags alone, which cannot train or load; NOT_REBUILDABLE).
       data: fit()'s data (data.FitData).
       class_weight: fit()'s class_weight.
       schedule: LearningRateScheduler's `schedule(epoch, lr)`, or None.
+      plateau: ReduceLROnPlateau lowers the compiled rate (a number, then).
       epochs: fit()'s epochs (the schedule's length).
       monitors: the callbacks' monitors (callbacks.Monitor): each must be a key
         of the logs, and "auto" must be a direction Keras can tell.
@@ -53,6 +54,7 @@ class FitTask(Task):
     self._build, self._data = build, data
     self.class_weight = class_weight
     self._schedule, self._epochs, self._monitors = schedule, epochs, monitors
+    self._plateau = plateau
     self.model = None  # The model being trained (the latest build).
     self.compiled = None
     self.train_keys = ()  # The logs' train keys, once built.
@@ -151,6 +153,10 @@ class FitTask(Task):
     optimizer = self.model.optimizer
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
       optimizer = optimizer.inner_optimizer  # The framework scales the loss.
+    if self._plateau and _has_schedule(optimizer):
+      raise ConfigError("callbacks: keras.callbacks.ReduceLROnPlateau: the "
+                        "compiled optimizer's learning rate is a schedule, which "
+                        "it cannot lower; compile a number, or leave it out")
     if self._schedule is not None:
       # A new optimizer of the same kind, its rate the schedule of the epochs'
       # rates (a function of its iterations, so a resume goes on at the rate
@@ -205,7 +211,7 @@ def _head(value, count: int):
 def _scheduled_rates(schedule, optimizer, epochs: int) -> list:
   """LearningRateScheduler's rate of each epoch, as Keras sets it at the epoch's
   start: schedule(epoch, the rate so far) (or schedule(epoch)), as float32."""
-  if isinstance(optimizer.get_config().get("learning_rate"), dict):  # A schedule.
+  if _has_schedule(optimizer):
     raise ConfigError("callbacks: keras.callbacks.LearningRateScheduler: the "
                       "compiled optimizer has a LearningRateSchedule already; use "
                       "one of them")
@@ -223,3 +229,8 @@ def _scheduled_rates(schedule, optimizer, epochs: int) -> list:
     rate = float(np.float32(value))
     rates.append(rate)
   return rates
+
+
+def _has_schedule(optimizer) -> bool:
+  """Whether the optimizer's learning rate is a schedule (serialized: a dict)."""
+  return isinstance(optimizer.get_config().get("learning_rate"), dict)
