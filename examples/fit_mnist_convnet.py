@@ -12,7 +12,7 @@ rest is the example's. MNIST needs a download, so the images are the package's
 8x8 digits (scikit-learn's), each pixel a 2x2 block padded to 20x20 (not
 28x28: a quicker example), scaled from 0..16 instead of 0..255; 1,500 train
 (10% of them validate), 297 test. With 1,350 training images instead of
-54,000, an epoch is 10 batches: 15 epochs become 12.
+54,000, an epoch is 10 batches: 15 epochs become 8.
 """
 
 import os
@@ -82,7 +82,7 @@ def build():
 """
 
 batch_size = 128
-epochs = 12
+epochs = 8
 
 history = trainer.fit(build, x_train, y_train, batch_size=batch_size,
                       epochs=epochs, validation_split=0.1,

@@ -178,8 +178,7 @@ print("replicas", history.results["num_replicas"])
 
 def test_a_program_that_ran_tensorflow_is_restarted_with_its_devices(tmp_path):
   """Its CPU cannot be split into replicas any more: trainer.fit runs the
-  program again from its start, with the devices set up first; a program that
-  cannot be run again (python -c) is one line."""
+  program again from its start, with the devices set up first."""
   program = tmp_path / "program.py"
   program.write_text(PROGRAM)
   command = [sys.executable, str(program), "--cpu_devices=2",
@@ -190,15 +189,21 @@ def test_a_program_that_ran_tensorflow_is_restarted_with_its_devices(tmp_path):
   assert ran.stdout.count("restarting the program as python -m "
                           "trainer.keras_fit") == 1
   assert "replicas 2" in ran.stdout
-  inline = subprocess.run([sys.executable, "-c", PROGRAM, "--cpu_devices=2",
-                           f"--model_dir={tmp_path / 'inline'}"], cwd=tmp_path,
-                          env=cli_env(PYTHONPATH=REPO), capture_output=True,
-                          text=True, timeout=240, check=False)
-  assert inline.returncode == 2
-  assert inline.stderr.strip().splitlines()[-1].startswith(
+
+
+def test_a_program_that_cannot_be_restarted_is_one_line(model_dir, monkeypatch,
+                                                         capsys):
+  """Here: this process has 4 CPU devices, and was restarted already."""
+  monkeypatch.setenv("TRAINER_FIT_DEVICES", "{}")
+  with pytest.raises(SystemExit) as exited:
+    trainer.fit(build, X, Y, cpu_devices=5, model_dir=model_dir)
+  assert exited.value.code == 2
+  assert capsys.readouterr().err == (
       "error: TensorFlow ran before trainer.fit, and this run needs its devices "
-      "set up first")
-  assert not os.path.exists(tmp_path / "inline")
+      "set up first (a MultiWorkerMirroredStrategy, or a CPU split into "
+      "--cpu_devices replicas): run the program as python -m trainer.keras_fit "
+      "PROGRAM.py, with the devices' flags on its command line\n")
+  assert not os.path.exists(model_dir)
 
 
 def test_launch_workers_takes_no_evaluator_beside_a_command(capsys):

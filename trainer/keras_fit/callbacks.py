@@ -134,15 +134,13 @@ def _epoch_frequency(callback, value, *, argument: str, steps_per_epoch: int) ->
                  "batches >= 1")
 
 
-def plan(callbacks, *, steps_per_epoch: int, validation: bool,
-         model_dir: Optional[str]) -> CallbackPlan:
+def plan(callbacks, *, steps_per_epoch: int, validation: bool) -> CallbackPlan:
   """Maps the callbacks to the run.
 
   Args:
     callbacks: fit()'s `callbacks`.
     steps_per_epoch: the run's steps per epoch.
     validation: whether the run evaluates at epoch ends.
-    model_dir: fit()'s model_dir (None: not given).
 
   Raises:
     ConfigError: a callback, or an option of one, that the framework cannot
@@ -153,7 +151,7 @@ def plan(callbacks, *, steps_per_epoch: int, validation: bool,
     kind = type(callback).__name__ if _is_keras(callback) else None
     if kind in MAPPED:
       _MAPPERS[kind](callback, result, steps_per_epoch=steps_per_epoch,
-                     validation=validation, model_dir=model_dir)
+                     validation=validation)
     elif isinstance(callback, (C.LambdaCallback, C.History)) or (
         isinstance(callback, C.Callback) and not _is_keras(callback)):
       _check_generic(callback)
@@ -239,7 +237,7 @@ def _reduce_lr_on_plateau(callback, result, *, validation, **_):
   result.logs_learning_rate = True
 
 
-def _model_checkpoint(callback, result, *, validation, steps_per_epoch, **_):
+def _model_checkpoint(callback, result, *, validation, **_):
   if callback.save_freq != "epoch":
     _refuse(callback, f"save_freq={callback.save_freq!r}: trainer.fit writes the "
             "file at epoch ends (save_freq='epoch'); the run's own checkpoints "
@@ -249,10 +247,9 @@ def _model_checkpoint(callback, result, *, validation, steps_per_epoch, **_):
     if result.best_monitor is None and monitor.key.startswith("val_"):
       result.best_monitor = monitor
   result.checkpoints.append(callback)
-  del steps_per_epoch
 
 
-def _tensorboard(callback, result, *, steps_per_epoch, model_dir, **_):
+def _tensorboard(callback, result, *, steps_per_epoch, **_):
   if callback.write_images or callback.embeddings_freq:
     _refuse(callback, "write_images and embeddings_freq are not supported; the "
             "run writes its scalars, histograms and profiles")
@@ -262,11 +259,12 @@ def _tensorboard(callback, result, *, steps_per_epoch, model_dir, **_):
     result.config["summary_every"] = _epoch_frequency(
         callback, callback.update_freq, argument="update_freq",
         steps_per_epoch=steps_per_epoch)
-  start, stop = callback._start_batch, callback._stop_batch  # Keras's parse.
+  # Keras keeps profile_batch only parsed, as these (its one reach into Keras
+  # internals outside compiled.py).
+  start, stop = callback._start_batch, callback._stop_batch
   if start or stop:
     result.config["profile_steps"] = (int(start), int(stop))
   result.tensorboard_log_dirs.append(callback.log_dir)
-  del model_dir
 
 
 def _csv_logger(callback, result, **_):
@@ -287,12 +285,11 @@ def _terminate_on_nan(callback, result, **_):
   del callback, result  # The framework's NaN guard (--on_nan=stop) is always on.
 
 
-def _backup_and_restore(callback, result, *, steps_per_epoch, model_dir, **_):
+def _backup_and_restore(callback, result, *, steps_per_epoch, **_):
   result.config["checkpoint_every"] = _epoch_frequency(
       callback, callback.save_freq, argument="save_freq",
       steps_per_epoch=steps_per_epoch)
   result.backup_dirs.append(callback.backup_dir)
-  del model_dir
 
 
 _MAPPERS = {

@@ -5,8 +5,9 @@ Keras resolves `compile`'s strings ("accuracy", "crossentropy") from the shapes
 of the labels and the outputs; `bind` does it the same way (Keras's own
 resolvers), on a probe batch, and names each metric as Keras's logs do
 (`accuracy`; `OUTPUT_accuracy` for a model of several outputs, `OUTPUT_loss`
-for each output's loss). This is the only module of trainer.fit that reads Keras
-internals: the compile arguments (`Model._compile_config`) and the resolvers
+for each output's loss). This module holds trainer.fit's reaches into Keras
+internals (but TensorBoard's parsed profile_batch, in callbacks.py): the compile
+arguments (`Model._compile_config`) and the resolvers
 (`keras.src.trainers.compile_utils`), for the Keras versions setup.cfg allows.
 
 The loss of an example is the sum over outputs of its loss weight times the
@@ -19,6 +20,7 @@ import tensorflow as tf
 from keras.src.trainers import compile_utils  # Keras's resolution of strings.
 
 from trainer.errors import TaskError
+from trainer.keras_fit.data import OUTPUT
 
 _PER_EXAMPLE_REDUCTIONS = ("sum_over_batch_size", "mean")
 # compile() arguments that say how Keras runs its own loop, not what it trains.
@@ -74,7 +76,7 @@ class Outputs:
   def __init__(self, names: tuple, *, positional_labels: bool = False):
     """Args:
       names: the outputs' names, in the model's order.
-      positional_labels: the labels are a dict of "output_0", "output_1", ...
+      positional_labels: the labels are a dict of OUTPUT_0, OUTPUT_1, ...
         (fit() was given a list): the outputs' in that order.
     """
     self.names = names
@@ -89,7 +91,7 @@ class Outputs:
 
   def labels(self, labels) -> dict:
     if isinstance(labels, dict) and self._positional:
-      return {name: labels[f"output_{i}"] for i, name in enumerate(self.names)}
+      return {name: labels[f"{OUTPUT}_{i}"] for i, name in enumerate(self.names)}
     if isinstance(labels, dict) and len(self.names) > 1:
       return labels
     if isinstance(labels, dict):  # One output: its labels under its name.

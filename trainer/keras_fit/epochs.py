@@ -30,14 +30,12 @@ class EpochCallbacks:
   """The action of a trainer.fit run (see the module docstring)."""
 
   def __init__(self, *, task, plan, epochs: int, steps_per_epoch: int,
-               validation_every: int, verbose: bool, params: dict, lines=(),
-               say=print):
+               verbose: bool, params: dict, lines=(), say=print):
     """Args:
       task: the FitTask (its model, compiled metrics and record).
       plan: the callbacks' CallbackPlan.
       epochs: fit()'s epochs.
       steps_per_epoch: steps per epoch.
-      validation_every: epochs between evaluations (0: none).
       verbose: say one line per epoch.
       params: the callbacks' params (Keras's {"verbose", "epochs", "steps"}).
       lines: what the chief says after the first loop call (where callbacks'
@@ -46,7 +44,6 @@ class EpochCallbacks:
     """
     self._task, self._plan = task, plan
     self._epochs, self._steps = epochs, steps_per_epoch
-    self._validation_every = validation_every
     self._verbose, self._params, self._say = verbose, params, say
     self._lines = list(lines)
     self._started = False

@@ -115,9 +115,13 @@ def _check(name: str, value, valid: bool, what: str):
     raise ConfigError(f"fit({name}={value!r}): {what}")
 
 
-def _fit(build, x, y, *, epochs, verbose, callbacks, shuffle, class_weight,
-         initial_epoch, validation_freq, validation_batch_size, config_fields,
-         **data_arguments) -> History:
+def _check_arguments(*, build, epochs, verbose, shuffle, initial_epoch,
+                     validation_freq, validation_batch_size, class_weight):
+  """Checks fit()'s arguments that are not its data's.
+
+  Raises:
+    ConfigError: naming the argument and what is valid.
+  """
   _check("build", build, callable(build), "must be a function returning a new "
          "compiled keras.Model")
   _check("epochs", epochs, isinstance(epochs, int) and epochs >= 1,
@@ -138,12 +142,20 @@ def _fit(build, x, y, *, epochs, verbose, callbacks, shuffle, class_weight,
   _check("class_weight", class_weight,
          class_weight is None or isinstance(class_weight, dict),
          "must be a dict {class id: weight}")
+
+
+def _fit(build, x, y, *, epochs, verbose, callbacks, shuffle, class_weight,
+         initial_epoch, validation_freq, validation_batch_size, config_fields,
+         **data_arguments) -> History:
+  _check_arguments(build=build, epochs=epochs, verbose=verbose, shuffle=shuffle,
+                   initial_epoch=initial_epoch, validation_freq=validation_freq,
+                   validation_batch_size=validation_batch_size,
+                   class_weight=class_weight)
   data = fit_data(x, y, **data_arguments)
   fields = _config_fields(config_fields)
   validation = data.validation is not None
   plan = callbacks_lib.plan(callbacks, steps_per_epoch=data.steps_per_epoch,
-                            validation=validation,
-                            model_dir=fields.get("model_dir"))
+                            validation=validation)
   clashes = sorted(set(plan.config) & set(fields))
   if clashes:
     raise ConfigError(
@@ -162,7 +174,6 @@ def _fit(build, x, y, *, epochs, verbose, callbacks, shuffle, class_weight,
             "steps": data.steps_per_epoch}
   action = EpochCallbacks(
       task=task, plan=plan, epochs=epochs, steps_per_epoch=data.steps_per_epoch,
-      validation_every=validation_freq if validation else 0,
       verbose=bool(params["verbose"]), params=params,
       lines=plan.lines(config.model_dir))
   if _needs_its_own_start(config):
@@ -175,12 +186,10 @@ def _fit(build, x, y, *, epochs, verbose, callbacks, shuffle, class_weight,
   logs = epoch_logs(task.record.read())
   action.on_train_end(logs[-1][1] if logs else {})
   best = plan.restore_best and bool(results.get("export_best_dir"))
-  history = History(logs=logs, params=params, model_dir=config.model_dir,
-                    results=results,
-                    load=lambda: trainer.load(config.model_dir, best=best,
-                                              task=task)[1])
-  history.task = task
-  return history
+  return History(logs=logs, params=params, model_dir=config.model_dir,
+                 results=results, task=task,
+                 load=lambda: trainer.load(config.model_dir, best=best,
+                                           task=task)[1])
 
 
 def _needs_its_own_start(config: Config) -> bool:

@@ -50,14 +50,24 @@ class History(keras.callbacks.History):
     params: {"verbose", "epochs", "steps"} (steps: per epoch).
     model_dir: the run directory.
     results: the run's results.json.
+    task: the run's task (trainer.load(model_dir, task=history.task)).
   """
 
   def __init__(self, *, logs: list, params: dict, model_dir: str, results: dict,
-               load=None):
+               task=None, load=None):
+    """Args:
+      logs: [(epoch, logs)] of the run's epochs.
+      params: Keras's params.
+      model_dir: the run directory.
+      results: the run's results.json.
+      task: the run's task.
+      load: `() -> model` (the `model` property's, on first use).
+    """
     super().__init__()
     self.set_params(params)
     self.model_dir = model_dir
     self.results = results
+    self.task = task
     self._load = load
     self._loaded = None
     self.epoch = []
