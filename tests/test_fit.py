@@ -125,6 +125,32 @@ def test_several_outputs_train_as_keras_fit(as_lists, model_dir):
   assert_same_history(history, theirs)
 
 
+@pytest.mark.parametrize("as_dict", [False, True], ids=["list", "dict"])
+def test_several_inputs_train_as_keras_fit(as_dict, model_dir):
+  """Inputs as a list in the model's order or a dict by name; and the program
+  run again trains nothing and returns the same History."""
+  a, b = X[:512, :3], X[:512, 3:]
+
+  def builder():
+    first, second = keras.Input((3,), name="a"), keras.Input((3,), name="b")
+    hidden = keras.layers.Dense(8, activation="relu")(
+        keras.layers.Concatenate()([first, second]))
+    model = keras.Model([first, second], keras.layers.Dense(
+        1, activation="sigmoid")(hidden))
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+  x = {"a": a, "b": b} if as_dict else [a, b]
+  arguments = dict(batch_size=64, epochs=2, shuffle=False, validation_split=0.25)
+  history = trainer.fit(builder, x, Y[:512], model_dir=model_dir, **arguments)
+  model, theirs = keras_fit(builder, x, Y[:512], **arguments)
+  assert_same_history(history, theirs)
+  assert_same_weights(history, model)
+  again = trainer.fit(builder, x, Y[:512], model_dir=model_dir, **arguments)
+  assert again.history == history.history
+
+
 class Hooks(keras.callbacks.Callback):
   """Records the hooks Keras calls, with the logs' keys."""
 
@@ -324,3 +350,22 @@ def test_the_keras_guide_runs_as_written(tmp_path):
                        text=True, timeout=300, check=False)
   assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
   assert os.path.isdir(tmp_path / "runs" / "fit_digits" / "export")
+
+
+def test_a_metric_of_several_values_is_reported_but_not_logged(model_dir):
+  """F1Score per class (built on its first batch, as Keras builds it): in the
+  run's results, not in Keras's scalar logs."""
+  labels = keras.utils.to_categorical(Y[:512, 0].astype(int), 2)
+
+  def builder():
+    model = keras.Sequential([keras.Input((6,)),
+                              keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="adam", loss="categorical_crossentropy",
+                  metrics=["accuracy", keras.metrics.F1Score()])
+    return model
+
+  history = trainer.fit(builder, X[:512], labels, epochs=1, validation_split=0.25,
+                        model_dir=model_dir, verbose=0)
+  assert sorted(history.history) == ["accuracy", "loss", "val_accuracy",
+                                     "val_loss"]
+  assert len(history.results["eval"]["f1_score"]) == 2

@@ -201,6 +201,11 @@ class CompiledModel:
                                      outputs=self.outputs),
                            prefix=f"{name}_" if len(names) > 1 else "",
                            weighted=weighted)
+    for metric in self.metrics.values():
+      # Built now, as Keras builds a metric on its first batch (F1Score's state
+      # takes the outputs' shape): then its result has its shape.
+      metric.update_state(labels, outputs)
+      metric.reset_state()
 
   def _add_metric(self, metric, *, prefix: str, weighted: bool):
     """Names a metric as Keras's logs do: a second "accuracy" is "accuracy_1",
