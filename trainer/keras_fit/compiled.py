@@ -160,6 +160,7 @@ class CompiledModel:
     """
     names = output_names(model, outputs)
     self.outputs = Outputs(names, positional_labels=positional_labels)
+    given = (labels, outputs)  # As the steps give them to the metrics.
     outputs, labels = self.outputs.outputs(outputs), self.outputs.labels(labels)
     for name, value in outputs.items():
       if getattr(value, "_keras_mask", None) is not None:
@@ -204,7 +205,7 @@ class CompiledModel:
     for metric in self.metrics.values():
       # Built now, as Keras builds a metric on its first batch (F1Score's state
       # takes the outputs' shape): then its result has its shape.
-      metric.update_state(labels, outputs)
+      metric.update_state(*given)
       metric.reset_state()
 
   def _add_metric(self, metric, *, prefix: str, weighted: bool):
