@@ -5,6 +5,7 @@
   python scripts/benchmark.py --quick --json=b.json
   python scripts/benchmark.py --models=cnn --datasets=synthetic --replicas=2 \
       --sections=streams,evaluation,startup,workers  # scripts/bench_sections.py
+  python scripts/benchmark.py --variants= --sections=fit  # trainer.fit: bench_fit.py
 
 Each variant runs in its own process (scripts/bench_variants.py) on the same model,
 strategy, replica count, global batch, data pipeline and step count. Examples/s is
@@ -28,6 +29,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+import bench_fit  # noqa: E402 (beside this file: the section `fit`)
 import bench_sections  # noqa: E402 (beside this file)
 from bench_sections import fmt  # noqa: E402
 
@@ -246,9 +248,10 @@ def main(argv=None):
                       help="also benchmark the fast-path flags (cnn, 2 replicas)")
   parser.add_argument("--quick", action="store_true",
                       help="cnn, synthetic, 2 replicas, short windows: a smoke run")
+  sections_known = (*bench_sections.SECTIONS, bench_fit.SECTION)
   parser.add_argument("--sections", default="",
-                      help="also: " + ",".join(bench_sections.SECTIONS) +
-                      " (scripts/bench_sections.py)")
+                      help="also: " + ",".join(sections_known) +
+                      " (scripts/bench_sections.py, bench_fit.py)")
   parser.add_argument("--timeout", type=int, default=600)
   parser.add_argument("--json", help="also write the report here")
   args = parser.parse_args(argv)
@@ -256,10 +259,10 @@ def main(argv=None):
     args.models, args.datasets, args.replicas = "cnn", "synthetic", "2"
     args.steps_per_loop, args.windows, args.repeats = 5, 2, 1
   sections = [name for name in args.sections.split(",") if name]
-  unknown = sorted(set(sections) - set(bench_sections.SECTIONS))
+  unknown = sorted(set(sections) - set(sections_known))
   if unknown:
     parser.error(f"--sections: unknown {', '.join(unknown)}; use "
-                 f"{', '.join(bench_sections.SECTIONS)}")
+                 f"{', '.join(sections_known)}")
   variants = [name for name in args.variants.split(",") if name]  # "": no grid.
   if "orbit" in variants and importlib.util.find_spec("orbit") is None:
     variants.remove("orbit")  # Optional: its install line is in docs/performance.md.
@@ -276,7 +279,7 @@ def main(argv=None):
   report["quickstart"] = quickstart_time_to_first_step(args)
   if args.fast_paths:
     report["fast_paths"] = fast_paths(args)
-  report["sections"] = bench_sections.run_sections(
+  report["sections"] = bench_fit.run_sections(
       sections, args=args, quickstart=lambda: quickstart_time_to_first_step(args),
       run_variant=run_variant)
   text = "\n".join([render(report), *bench_sections.render(report["sections"])])

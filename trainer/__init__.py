@@ -5,10 +5,12 @@
     results = trainer.train(trainer.Config(train_steps=100), task=MyTask(hidden=64),
                             actions=[trainer.every(50, log_something)])
     task, model = trainer.load("runs/q1")
+    history = trainer.fit(build, x, y, epochs=10, validation_split=0.2,
+                          callbacks=[keras.callbacks.EarlyStopping(patience=3)])
 
 A user's problem is a `trainer.Task` (trainer/tasks/base.py); an action is any
 callable receiving a `trainer.ActionContext` (trainer/actions/user.py). Importing
-this package does not import TensorFlow; `train` and `load` do.
+this package does not import TensorFlow; `train`, `load` and `fit` do.
 """
 
 from trainer.actions.user import STOP, ActionContext, every
@@ -41,12 +43,15 @@ def train(config: Config = None, *, task: Task = None, actions=()) -> dict:
   return run.run(config or Config(), task, actions=actions)
 
 
-def load(model_dir: str, *, best: bool = False) -> tuple:
+def load(model_dir: str, *, best: bool = False, task: Task = None) -> tuple:
   """The task and the Keras model of a trained run, for prediction in Python.
 
   Args:
     model_dir: the run directory.
     best: the best evaluation's weights instead of the latest checkpoint's.
+    task: the run's task instance, for a task its flags cannot rebuild (one
+      made in the program that trained it, e.g. a trainer.fit run's);
+      default: the task the run's flags.txt names.
 
   Returns:
     (task, model): the task prepared as in training, the model holding the
@@ -56,8 +61,27 @@ def load(model_dir: str, *, best: bool = False) -> tuple:
     trainer.errors.ModelDirError: not a run, or no (best) checkpoint.
   """
   from trainer.training import open_run  # Deferred: TensorFlow is slow to import.
-  return open_run.load(model_dir, best=best)
+  return open_run.load(model_dir, best=best, task=task)
+
+
+def fit(build, x=None, y=None, **arguments):
+  """Keras's `model.fit`, as a run of the framework: `build()` returns a new
+  compiled Keras model (the framework calls it under the strategy's scope).
+
+      history = trainer.fit(build, x_train, y_train, batch_size=64, epochs=10,
+                            validation_split=0.2, model_dir="runs/fit1",
+                            callbacks=[keras.callbacks.EarlyStopping(patience=3)])
+
+  Takes Keras's fit arguments and callbacks, and any Config field as a keyword
+  (or as a flag on the program's command line); docs/keras.md lists what each
+  maps to. Returns a keras.callbacks.History (its `model` is the trained model).
+  A bad argument, a refused callback, a failed run, or a run stopped before its
+  end (rerun to resume) is one line and SystemExit with the framework's exit
+  code. See trainer/keras_fit/fit.py.
+  """
+  from trainer import keras_fit  # Deferred: imports TensorFlow.
+  return keras_fit.fit(build, x, y, **arguments)
 
 
 __all__ = ["ActionContext", "Config", "ExitCode", "RunContext", "RunStatus", "STOP",
-           "Task", "every", "hyperparameter", "load", "train"]
+           "Task", "every", "fit", "hyperparameter", "load", "train"]

@@ -15,6 +15,10 @@ Example (runs as written):
         trainer.Config(train_steps=300, mode="train_and_eval", eval_every=50),
         actions=[stop_at_target])
 
+An action object may also own its schedule, as the framework's actions do: its
+`next_stop(step)`, called before each loop call that starts at `step`, returns
+the step at which that call must end for it (or None).
+
 Actions run on every worker of a cluster, each on its own copy of the model: only
 the chief (`context.is_chief`) should write files. An action that raises (or calls
 `sys.exit`) shows its traceback and one line naming it; the run exits 1 with status
@@ -26,7 +30,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from trainer.actions.base import Action, LoopCall, Stop, due, next_multiple
-from trainer.errors import RunStatus, UserCodeError
+from trainer.errors import RunStatus, UserCodeError, user_code
 
 
 class _StopSignal:
@@ -114,7 +118,11 @@ class UserAction(Action):
   def next_stop(self, step):
     if isinstance(self._action, Every):
       return next_multiple(step, self._action.steps)
-    return None
+    own = getattr(self._action, "next_stop", None)
+    if own is None:
+      return None
+    with user_code(f"action {self.name} (next_stop)"):
+      return own(step)
 
   def __call__(self, call: LoopCall):
     try:

@@ -99,8 +99,39 @@ def _started_note() -> str:
           "in Task.prepare(), which runs after)" if who else "")
 
 
+# What fixes a strategy: the fields `configure_devices` and `make_strategy` read.
+STRATEGY_FIELDS = ("strategy", "cluster_resolver", "cross_device_ops", "cpu_devices",
+                   "gpus", "memory_growth", "intra_op_threads", "inter_op_threads")
+_started = {}  # {strategy_key: the strategy `start` made at the program's start}
+
+
+def strategy_key(config: DistributeConfig) -> tuple:
+  """The values of config's STRATEGY_FIELDS."""
+  return tuple(getattr(config, name) for name in STRATEGY_FIELDS)
+
+
+def start(config: DistributeConfig) -> tf.distribute.Strategy:
+  """Sets up the devices and makes the strategy now, at a program's start, before
+  it runs TensorFlow (a Keras program that builds its data before calling
+  trainer.fit): `make_strategy` returns it for an equal config.
+
+  Raises:
+    ConfigError: as configure_devices and make_strategy.
+  """
+  configure_devices(config)
+  strategy = make_strategy(config)
+  _started[strategy_key(config)] = strategy
+  return strategy
+
+
+def started(config: DistributeConfig) -> bool:
+  """Whether `start` made this config's strategy."""
+  return strategy_key(config) in _started
+
+
 def make_strategy(config: DistributeConfig) -> tf.distribute.Strategy:
-  """Builds the strategy named by --strategy, after `configure_devices`.
+  """Builds the strategy named by --strategy, after `configure_devices` (or
+  returns the one `start` made for an equal config).
 
   Args:
     config: the DistributeConfig (strategy, cluster_resolver, cross_device_ops).
@@ -112,6 +143,8 @@ def make_strategy(config: DistributeConfig) -> tf.distribute.Strategy:
     ConfigError: the cross-device ops do not fit the strategy, or the cluster is not
       described.
   """
+  if strategy_key(config) in _started:
+    return _started[strategy_key(config)]
   if config.strategy == "multi_worker":
     return _multi_worker_strategy(config)
   devices = local_devices(config)

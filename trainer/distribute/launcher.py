@@ -116,8 +116,9 @@ class _Worker:
 
 def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
            out=None, program=(sys.executable, "-m", "trainer.main"),
-           evaluator: bool = False) -> int:
-  """Runs `python -m trainer.main TRAINER_ARGS --strategy=multi_worker` N times.
+           evaluator: bool = False, strategy_flag: bool = True) -> int:
+  """Runs `python -m trainer.main TRAINER_ARGS --strategy=multi_worker` N times
+  (or another program: a Keras program's trainer.fit reads TF_CONFIG itself).
 
   Args:
     trainer_args: trainer flags, the same for every worker (e.g. --flagfile=...,
@@ -131,6 +132,8 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
       runs --mode=continuous_eval), beside the workers: it ends on its own once
       training finished and its last checkpoint is evaluated; it is stopped
       when training fails. Its failure fails nothing of training's.
+    strategy_flag: add --strategy=multi_worker to the command (False: a
+      program that is not trainer.main's command line).
 
   Returns:
     The chief's exit code when every worker ends on its own; otherwise the exit
@@ -147,8 +150,9 @@ def launch(trainer_args: list, *, num_workers: int, grace_seconds: float = 10.0,
 
   *ports, evaluator_port = free_ports(num_workers + 1)
   evaluator_port = evaluator_port if evaluator else None
-  command = [*program, *trainer_args,
-             "--strategy=multi_worker"]  # Last, so it overrides a flagfile's.
+  command = [*program, *trainer_args]
+  if strategy_flag:
+    command.append("--strategy=multi_worker")  # Last: it overrides a flagfile's.
   say(f"{num_workers} workers on {', '.join(f'{HOST}:{p}' for p in ports)}"
       + (f", an evaluator on {HOST}:{evaluator_port}" if evaluator else ""))
   workers, exits = [], queue.Queue()
@@ -297,7 +301,8 @@ def _kill_running(workers, say, why):
 
 
 def main(argv=None) -> int:
-  """`python scripts/launch_workers.py --num_workers=N -- TRAINER_FLAGS...`."""
+  """`python scripts/launch_workers.py --num_workers=N -- TRAINER_FLAGS...`, or
+  `-- COMMAND...` (e.g. `python my_program.py`: a Keras program's trainer.fit)."""
   parser = argparsing.ArgumentParser(
       prog="launch_workers.py",
       description="Run a local MultiWorkerMirroredStrategy cluster of trainer "
@@ -311,7 +316,9 @@ def main(argv=None) -> int:
                       help="also start an evaluator beside the workers "
                            "(--mode=continuous_eval through TF_CONFIG)")
   parser.add_argument("trainer_args", nargs=argparsing.argparse.REMAINDER,
-                      help="-- then the trainer flags, e.g. --model_dir=runs/mw")
+                      help="-- then the trainer flags, e.g. --model_dir=runs/mw, "
+                           "or a command, e.g. python my_program.py (a Keras "
+                           "program's trainer.fit), run as it is")
   args = parser.parse_args(argv)
   trainer_args = args.trainer_args
   if trainer_args[:1] == ["--"]:
@@ -322,5 +329,11 @@ def main(argv=None) -> int:
   if args.grace_seconds < 0:
     parser.exit(2, f"launch_workers.py: error: --grace_seconds={args.grace_seconds:g}"
                    ": must be >= 0\n")
+  if trainer_args and not trainer_args[0].startswith("-"):  # A command.
+    if args.evaluator:
+      parser.exit(2, "launch_workers.py: error: --evaluator: only with trainer "
+                     "flags (python -m trainer.main's), not a command\n")
+    return launch([], num_workers=args.num_workers, program=trainer_args,
+                  grace_seconds=args.grace_seconds, strategy_flag=False)
   return launch(trainer_args, num_workers=args.num_workers,
                 grace_seconds=args.grace_seconds, evaluator=args.evaluator)

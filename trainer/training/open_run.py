@@ -103,7 +103,7 @@ def open_run(model_dir: str, *, invocation: config_lib.Config = None,
   return setup.build(config, task, read_only=True, loading=loading)
 
 
-def load(model_dir: str, *, best: bool = False) -> tuple:
+def load(model_dir: str, *, best: bool = False, task: Task = None) -> tuple:
   """`trainer.load`: the task and model of a trained run, for prediction.
 
   The model holds the latest checkpoint's weights (with `best`, the best
@@ -115,6 +115,12 @@ def load(model_dir: str, *, best: bool = False) -> tuple:
     >>> task, model = trainer.load("runs/q1")  # doctest: +SKIP
     >>> logits = model(task.preprocess(images))  # doctest: +SKIP
 
+  Args:
+    model_dir: the run directory.
+    best: the best evaluation's weights instead of the latest checkpoint's.
+    task: the run's task instance (one its flags cannot rebuild); default:
+      built from the run's flags.
+
   Returns:
     (task, keras model).
 
@@ -123,7 +129,7 @@ def load(model_dir: str, *, best: bool = False) -> tuple:
   """
   built = open_run(model_dir, invocation=config_lib.Config(strategy="one_device",
                                                            summaries=False),
-                   loading=True)
+                   task=task, loading=True)
   trainer, checkpoints = built.trainer, built.checkpoints
   if checkpoints.restore() is None:
     raise ModelDirError(f"{model_dir}: no checkpoint to load")
