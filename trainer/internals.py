@@ -91,6 +91,43 @@ def reduction_axes(layer) -> list:
   return list(layer._reduction_axes)
 
 
+# ---- Keras: what `compile` and the callbacks keep (trainer.fit). ----
+
+def compile_config(model):
+  """The arguments `model.compile` was called with (a dict), or None."""
+  return getattr(getattr(model, "_compile_config", None), "config", None)
+
+
+def resolved_loss(identifier, labels, outputs):
+  """The loss Keras's compile resolves `identifier` ("crossentropy", ...) to for
+  these labels and outputs."""
+  from keras.src.trainers import compile_utils
+  return compile_utils.get_loss(identifier, labels, outputs)
+
+
+def resolved_metric(identifier, labels, outputs):
+  """The metric Keras's compile resolves `identifier` ("accuracy", ...) to for
+  these labels and outputs."""
+  from keras.src.trainers import compile_utils
+  return compile_utils.get_metric(identifier, labels, outputs)
+
+
+def keras_mask(tensor):
+  """The mask Keras attached to a layer's output, or None."""
+  return getattr(tensor, "_keras_mask", None)
+
+
+def metric_direction(metric):
+  """"up" or "down": which way a Keras metric improves, where it says."""
+  return getattr(metric, "_direction", None)
+
+
+def profiled_batches(tensorboard_callback) -> tuple:
+  """(first, last) batch of a keras.callbacks.TensorBoard's profile_batch, as
+  it parsed them (0, 0: none)."""
+  return tensorboard_callback._start_batch, tensorboard_callback._stop_batch
+
+
 # ---- TensorFlow: what a tf.data graph holds. ----
 
 def serialized_dataset_graph(dataset):

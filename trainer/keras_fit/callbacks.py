@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 import keras
 
+from trainer import internals
 from trainer.errors import ConfigError
 
 C = keras.callbacks
@@ -261,7 +262,7 @@ def _tensorboard(callback, result, *, steps_per_epoch, **_):
         steps_per_epoch=steps_per_epoch)
   # Keras keeps profile_batch only parsed, as these (its one reach into Keras
   # internals outside compiled.py).
-  start, stop = callback._start_batch, callback._stop_batch
+  start, stop = internals.profiled_batches(callback)
   if start or stop:
     result.config["profile_steps"] = (int(start), int(stop))
   result.tensorboard_log_dirs.append(callback.log_dir)

@@ -6,9 +6,8 @@ of the labels and the outputs; `bind` does it the same way (Keras's own
 resolvers), on a probe batch, and names each metric as Keras's logs do
 (`accuracy`; `OUTPUT_accuracy` for a model of several outputs, `OUTPUT_loss`
 for each output's loss). This module holds trainer.fit's reaches into Keras
-internals (but TensorBoard's parsed profile_batch, in callbacks.py): the compile
-arguments (`Model._compile_config`) and the resolvers
-(`keras.src.trainers.compile_utils`), for the Keras versions setup.cfg allows.
+internals through trainer/internals.py (the compile arguments, Keras's
+resolvers of strings), for the Keras versions setup.cfg allows.
 
 The loss of an example is the sum over outputs of its loss weight times the
 mean of the output's loss over its non-batch elements: averaged over the global
@@ -17,8 +16,8 @@ batch (times the sample weights), that is Keras's `sum_over_batch_size`.
 
 import keras
 import tensorflow as tf
-from keras.src.trainers import compile_utils  # Keras's resolution of strings.
 
+from trainer import internals
 from trainer.errors import TaskError
 from trainer.keras_fit.data import OUTPUT
 
@@ -33,7 +32,7 @@ def compile_arguments(model) -> dict:
   Raises:
     TaskError: the model was not compiled, or has no loss.
   """
-  config = getattr(getattr(model, "_compile_config", None), "config", None)
+  config = internals.compile_config(model)
   if not getattr(model, "compiled", False) or config is None:
     raise TaskError("build() must return a compiled model: call model.compile("
                     "optimizer=..., loss=..., metrics=[...]) in build()")
@@ -53,7 +52,7 @@ class FitMetric(keras.metrics.Metric):
     super().__init__(name=metric.name)
     self.metric = metric
     self._output, self._weighted, self._outputs = output, weighted, outputs
-    self._direction = getattr(metric, "_direction", None)
+    self._direction = internals.metric_direction(metric)
 
   def update_state(self, y_true, y_pred, sample_weight=None):
     labels = self._outputs.labels(y_true)[self._output]
@@ -163,7 +162,7 @@ class CompiledModel:
     given = (labels, outputs)  # As the steps give them to the metrics.
     outputs, labels = self.outputs.outputs(outputs), self.outputs.labels(labels)
     for name, value in outputs.items():
-      if getattr(value, "_keras_mask", None) is not None:
+      if internals.keras_mask(value) is not None:
         raise TaskError(
             f"build(): the model's output {name!r} carries a Keras mask: Keras "
             "averages a masked loss over the batch's unmasked steps, which is "
@@ -180,7 +179,7 @@ class CompiledModel:
     for name in names:
       if losses[name] is None:
         continue
-      loss = compile_utils.get_loss(losses[name], labels[name], outputs[name])
+      loss = internals.resolved_loss(losses[name], labels[name], outputs[name])
       reduction = getattr(loss, "reduction", "sum_over_batch_size")
       if reduction not in _PER_EXAMPLE_REDUCTIONS:
         raise TaskError(
@@ -197,7 +196,7 @@ class CompiledModel:
                     _per_output(args[key], names, what=key))
       for name, identifiers in per_output.items():
         for identifier in _as_list(identifiers):
-          metric = compile_utils.get_metric(identifier, labels[name], outputs[name])
+          metric = internals.resolved_metric(identifier, labels[name], outputs[name])
           self._add_metric(FitMetric(metric, output=name, weighted=weighted,
                                      outputs=self.outputs),
                            prefix=f"{name}_" if len(names) > 1 else "",
@@ -225,7 +224,7 @@ class CompiledModel:
     if "loss" in name:
       return "min"
     metric = self.metrics.get(name)
-    direction = getattr(metric, "_direction", None)
+    direction = internals.metric_direction(metric)
     return {"up": "max", "down": "min"}.get(direction)
 
   @tf.autograph.experimental.do_not_convert
