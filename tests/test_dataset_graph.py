@@ -36,7 +36,31 @@ BATCHING = {  # name: (dataset, depth, kind)
         lambda x: tf.shape(x)[0], [3], [4, 4]), 1, "padded"),
     "ragged_batch": (_SEQUENCES.ragged_batch(4), 1, "ragged"),
     "from_tensors": (tf.data.Dataset.from_tensors(tf.zeros([10, 3])), 0, None),
+    # A function's argument is an element of its op's input: its batching.
+    "batches wrapped by flat_map": (
+        _BATCHED.flat_map(lambda x, y: tf.data.Dataset.from_tensors((x, y))), 1,
+        "batch"),
+    "batches sliced by flat_map": (
+        _BATCHED.flat_map(lambda x, y: tf.data.Dataset.from_tensor_slices((x, y))),
+        0, None),
+    "windows of batches zipped": (
+        _BATCHED.window(2).flat_map(lambda x, y: tf.data.Dataset.zip((x, y))), 1,
+        "batch"),
+    "a batched dataset inside from_tensors": (
+        tf.data.Dataset.from_tensors(_BATCHED).flat_map(lambda d: d), 1, "batch"),
+    "batches enumerated": (_BATCHED.enumerate(), 1, "batch"),
 }
+
+
+def test_a_source_the_graph_cannot_see_into_is_said_to_be_opaque():
+  """A generator's or from_tensors' elements are whatever Python gives: depth 0
+  is what the graph sees, and it says so (trainer.fit takes them as Keras's
+  batches)."""
+  generated = tf.data.Dataset.from_generator(
+      lambda: iter([1, 2]), output_signature=tf.TensorSpec([], tf.int32))
+  assert dataset_graph.batching(generated).opaque
+  assert dataset_graph.batching(tf.data.Dataset.from_tensors(tf.zeros([3]))).opaque
+  assert not dataset_graph.batching(_EXAMPLES).opaque
 
 
 @pytest.mark.parametrize("name", BATCHING)
@@ -77,6 +101,10 @@ VARIATION = {  # name: (dataset, what a second read changes)
                       deterministic=False).take(10), ELEMENTS),
     "a random map": (_EXAMPLES.map(lambda x, y: (x + tf.random.uniform([]), y)),
                      ELEMENTS),
+    "batched and unbatched again after a shuffle": (
+        _EXAMPLES.shuffle(10).batch(4).prefetch(2).unbatch(), ORDER),
+    "a remainder dropped after a shuffle": (
+        _EXAMPLES.shuffle(10).batch(4, drop_remainder=True).unbatch(), ELEMENTS),
     "a generator": (tf.data.Dataset.from_generator(
         lambda: iter([1, 2]), output_signature=tf.TensorSpec([], tf.int32)),
                     ELEMENTS),

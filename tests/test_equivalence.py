@@ -114,7 +114,7 @@ def test_a_global_batch_that_does_not_fit_one_device_is_said(monkeypatch, capsys
   monkeypatch.setattr(equivalence, "verify", out_of_memory)
 
   class Trainer:
-    num_replicas, global_batch_size, step = 2, 4096, 0
+    num_replicas, global_batch_size, step, jit_compile = 2, 4096, 0, False
     model = type("Model", (), {"compute_dtype": "float32"})()
 
   class Watchdog:
@@ -125,6 +125,6 @@ def test_a_global_batch_that_does_not_fit_one_device_is_said(monkeypatch, capsys
   equivalence.check_before_training(
       Trainer(), None, console=Console(total_steps=1, is_chief=True,
                                        progress_lines=False),
-      vote=None, watchdog=Watchdog(), strict=True)
+      vote=lambda phase, stop: stop, watchdog=Watchdog(), strict=True)
   assert ("equivalence: not checked: the global batch of 4096 does not fit one "
           "device") in capsys.readouterr().out

@@ -369,3 +369,24 @@ def test_a_metric_of_several_values_is_reported_but_not_logged(model_dir):
   assert sorted(history.history) == ["accuracy", "loss", "val_accuracy",
                                      "val_loss"]
   assert len(history.results["eval"]["f1_score"]) == 2
+
+
+class _StopLearning(keras.callbacks.Callback):
+  """Sets the optimizer's learning rate to 0 from the second epoch on."""
+
+  def on_epoch_begin(self, epoch, logs=None):
+    if epoch >= 1:
+      self.model.optimizer.learning_rate = 0.0
+
+
+def test_a_callback_that_sets_the_learning_rate_is_obeyed(model_dir):
+  """The framework set the task optimizer's rate before every step, silently
+  undoing a callback's `model.optimizer.learning_rate = x` (the loss went on
+  falling); now a rate set from outside becomes the rate, as in Keras."""
+  arguments = dict(batch_size=64, epochs=3, shuffle=False)
+  history = trainer.fit(build, X[:512], Y[:512], callbacks=[_StopLearning()],
+                        model_dir=model_dir, **arguments)
+  _, theirs = keras_fit(build, X[:512], Y[:512], callbacks=[_StopLearning()],
+                        **arguments)
+  assert_same_history(history, theirs)
+  assert history.history["loss"][1] == pytest.approx(history.history["loss"][2])

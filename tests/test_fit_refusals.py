@@ -194,7 +194,8 @@ def test_a_program_that_ran_tensorflow_is_restarted_with_its_devices(tmp_path):
 def test_a_program_that_cannot_be_restarted_is_one_line(model_dir, monkeypatch,
                                                          capsys):
   """Here: this process has 4 CPU devices, and was restarted already."""
-  monkeypatch.setenv("TRAINER_FIT_DEVICES", "{}")
+  from trainer.keras_fit import program
+  monkeypatch.setattr(program, "_started_here", [{}])
   with pytest.raises(SystemExit) as exited:
     trainer.fit(build, X, Y, cpu_devices=5, model_dir=model_dir)
   assert exited.value.code == 2

@@ -5,7 +5,7 @@ model however it is nested, the seed generators a layer draws from, the moments
 a BatchNormalization normalises with, what a tf.data graph holds, and the eager
 runtime's options. Each access is one function here, so that a Keras or
 TensorFlow upgrade is this one file to read, and `setup.cfg` bounds both to the
-versions it was checked against (`CHECKED_WITH`). `replica_layers.check_patches`
+versions it was checked against (`CHECKED_WITH`). `patch_check.check_patches`
 verifies at start-up, on tiny layers under the run's strategy, that the patches
 built on these accesses take effect, and refuses the run in one line if a
 Keras release moved them.

@@ -15,6 +15,7 @@ import tensorflow as tf
 from trainer.actions.base import Action, LoopCall, Stop, due, next_multiple
 from trainer.errors import RunStatus
 from trainer.outputs import profile
+from trainer.outputs.results import improves
 
 
 class Evaluate(Action):
@@ -83,12 +84,10 @@ class Evaluate(Action):
     return metrics
 
   def _count_patience(self, value: float):
-    """Counts evaluations since --best_metric last improved by --min_delta."""
+    """Counts evaluations since --best_metric last improved by more than
+    --early_stopping_min_delta (results.improves, the best checkpoint's rule)."""
     record = self._checkpoints.record
-    reference = record.patience_reference
-    gain = (None if reference is None else
-            value - reference if self._goal == "max" else reference - value)
-    if gain is None or gain >= self._min_delta:
+    if improves(value, record.patience_reference, self._goal, self._min_delta):
       record.patience_reference, record.evals_without_improvement = value, 0
     else:
       record.evals_without_improvement += 1
@@ -102,5 +101,5 @@ class Evaluate(Action):
                            >= self._patience):
       return Stop(RunStatus.EARLY_STOPPED, (
           f"early stop at step {call.step}: {self._patience} evaluations without "
-          f"eval/{self._name} improving by >= {self._min_delta:g}"))
+          f"eval/{self._name} improving by more than {self._min_delta:g}"))
     return None

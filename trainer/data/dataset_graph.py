@@ -43,6 +43,13 @@ _ORDER_SENSITIVE = ("Take", "Skip", "Shard", "Window", "Batch", "ParallelBatch",
                     "DirectedInterleave", "Sampling", "TakeWhile", "Rebatch")
 _SHUFFLES = re.compile(r"^Shuffle(AndRepeat)?Dataset$")
 _PYTHON_OPS = ("PyFunc", "EagerPyFunc", "GeneratorDataset")
+# Sources whose elements are rows of data by construction (slices, records,
+# numbers): any other source (a generator, from_tensors, a saved dataset) is
+# opaque.
+_ROW_SOURCES = ("RangeDataset", "TensorSliceDataset", "SparseTensorSliceDataset",
+                "TFRecordDataset", "TextLineDataset", "FixedLengthRecordDataset",
+                "CSVDataset", "RandomDataset")
+_ELEMENT = "element"  # A function's argument that is an element of the op's input.
 _CHECKS = ("Assert", "Print", "PrintV2")  # Stateful, but the same values.
 # Stateful ops that only read a resource (a vocabulary's lookup table, a
 # normalisation's variables): the same values on every read, unless the
@@ -66,10 +73,14 @@ class Batching:
       the graph cannot tell (`why`).
     kind: the outermost batch's kind ("batch", "padded", "ragged", ...).
     why: what cannot be decided, in words (depth None).
+    opaque: the elements come from a source whose batching no graph shows
+      (Python's generator, a whole tensor as one element, a saved dataset):
+      depth 0 there is what the graph sees, not what the source yields.
   """
   depth: Optional[int]
   kind: Optional[str] = None
   why: Optional[str] = None
+  opaque: bool = False
 
 
 class DatasetGraph:
@@ -127,8 +138,9 @@ class DatasetGraph:
       if text.startswith("^"):
         continue
       source = self._resolve(scope, text)
-      if source is not None and self._node(source).op.endswith(
-          ("Dataset", "DatasetV2", "DatasetV3", "DatasetV4", "Datasets")):
+      if source is not None and (source[0] == _ELEMENT or self._node(
+          source).op.endswith(("Dataset", "DatasetV2", "DatasetV3", "DatasetV4",
+                               "Datasets"))):
         found.append(source)
     return found
 
@@ -147,8 +159,12 @@ class DatasetGraph:
     offset = 1 + (count("Tkey_func_other_arguments")
                   if attribute == "reduce_func" else 0)
     captured = count("Targuments") or count(f"T{attribute}_other_arguments")
-    bound = {name: None for name in arguments}
     own_inputs = [text for text in node.input if not text.startswith("^")]
+    # The other arguments are elements of the op's input (or a group_by_window
+    # key): their batching is the input's.
+    element = self.inputs(ref)[:1]
+    bound = {name: (_ELEMENT, element[0]) if element else None
+             for name in arguments}
     outer = [self._resolve(scope, text)
              for text in own_inputs[offset:offset + captured]]
     if captured:
@@ -157,7 +173,8 @@ class DatasetGraph:
       bound[arguments[1]] = self.inputs(ref)[0]  # The window of input elements.
     inner = (function.signature.name, tuple(bound.items()))
     returns = [self._resolve(inner, text) for text in function.ret.values()]
-    return [r for r in returns if r is not None and self._node(r) is not None]
+    return [r for r in returns if r is not None and (
+        r[0] == _ELEMENT or self._node(r) is not None)]
 
   def function_ops(self, ref) -> set:
     """The ops of every function an op calls, nested ones included."""
@@ -186,6 +203,12 @@ class DatasetGraph:
     if ref in seen:
       return Batching(0)
     seen = seen | {ref}
+    if ref[0] == _ELEMENT:  # An element of a dataset: its batching...
+      target = ref[1]
+      if target[0] != _ELEMENT and _kind(self._node(target).op) == "WindowDataset":
+        # ...a window's element is a dataset of the window's input elements.
+        return self.batching(self.inputs(target)[0], seen)
+      return self.batching(target, seen)
     kind = _kind(self._node(ref).op)
     if kind == "WindowDataset":
       return Batching(None, why="it yields datasets (window())")
@@ -195,8 +218,23 @@ class DatasetGraph:
     inputs = self.inputs(ref)
     if kind in ("DirectedInterleaveDataset", "ChooseFromDatasets"):
       inputs = inputs[1:]  # The first is the selector.
-    below = _same([self.batching(r, seen) for r in inputs]) if inputs else Batching(0)
+    if not inputs:  # A source.
+      return Batching(0, opaque=kind not in _ROW_SOURCES)
+    found = [self.batching(r, seen) for r in inputs]
+    if kind == "ZipDataset":  # A tuple: an index beside a batch is a batch.
+      decided = [r for r in found if r.depth is not None]
+      below = (max(decided, key=lambda r: r.depth) if len(decided) == len(found)
+               else _same(found))
+    else:
+      below = _same(found)
     if below.depth is None:
+      return below
+    if kind in ("TensorSliceDataset", "SparseTensorSliceDataset"):
+      # Slices of an element: one batch level fewer.
+      depth = max(below.depth - 1, 0)
+      return dataclasses.replace(below, depth=depth, kind=below.kind if depth
+                                 else None)
+    if kind == "TensorDataset":  # An element, as one element.
       return below
     if kind in _BATCHING:
       return Batching(below.depth + 1, _BATCHING[kind])
@@ -209,18 +247,46 @@ class DatasetGraph:
 
   # ---- Reading again. ----
 
+  def _whole_batches(self, ref):
+    """The plain batch() op at `ref` (through prefetches) that keeps every
+    element (drop_remainder False), or None: unbatching it gives back its
+    input's elements in their order."""
+    while ref is not None and ref[0] != _ELEMENT:
+      node = self._node(ref)
+      kind = _kind(node.op)
+      # unbatch() maps its input through a function of its own first.
+      normalizing = kind == "MapDataset" and re.search(
+          r"_map_normalize_\d+$", node.attr["f"].func.name)
+      if kind in ("PrefetchDataset", "OptionsDataset", "ModelDataset") or (
+          normalizing):
+        inputs = self.inputs(ref)
+        ref = inputs[0] if inputs else None
+        continue
+      if kind == "BatchDataset" and len(node.input) >= 3:
+        drop = _const_bool(self._node((ref[0], node.input[2].split(":")[0])))
+        return ref if drop is False else None
+      return None
+    return None
+
   def read_variation(self, ref=None, memo=None) -> Optional[str]:
     """None, ORDER or ELEMENTS for the dataset at `ref` (see `read_variation`)."""
     ref = ref or self._output
     if ref is None:
       return ELEMENTS
     memo = {} if memo is None else memo
+    if ref[0] == _ELEMENT:
+      return self.read_variation(ref[1], memo)
     if ref in memo:
       return memo[ref]
     memo[ref] = None  # A cycle adds nothing.
     node = self._node(ref)
     kind = _kind(node.op)
     sources = self.inputs(ref)
+    if kind == "UnbatchDataset":
+      batch = self._whole_batches(sources[0]) if sources else None
+      if batch is not None:  # batch() then unbatch(): the same element sequence.
+        memo[ref] = self.read_variation(self.inputs(batch)[0], memo)
+        return memo[ref]
     if kind in _FROM_FUNCTION:
       sources = sources + self.returned(ref, _FROM_FUNCTION[kind])
     below = [self.read_variation(r, memo) for r in sources]
@@ -238,6 +304,14 @@ class DatasetGraph:
     return variation
 
 
+def _const_bool(node) -> Optional[bool]:
+  """The value of a scalar boolean Const node, or None."""
+  if node is None or node.op != "Const" or "value" not in node.attr:
+    return None
+  values = node.attr["value"].tensor.bool_val
+  return bool(values[0]) if len(values) == 1 else None
+
+
 def _same(results: list) -> Batching:
   """The batching of elements that come from any of `results`' datasets."""
   undecided = next((r for r in results if r.depth is None), None)
@@ -247,7 +321,9 @@ def _same(results: list) -> Batching:
   if len(depths) > 1:
     return Batching(None, why="it mixes batches and single examples (datasets "
                     f"batched {sorted(depths)} times)")
-  return results[0] if results else Batching(0)
+  if not results:
+    return Batching(0)
+  return dataclasses.replace(results[0], opaque=any(r.opaque for r in results))
 
 
 def _varying_work(ops: set) -> bool:
@@ -264,13 +340,6 @@ def _varying_work(ops: set) -> bool:
         not op.endswith(("Dataset", "DatasetV2", "DatasetV3", "DatasetV4"))):
       return True
   return False
-
-
-def dataset_ops(dataset: tf.data.Dataset) -> Optional[set]:
-  """The names of the ops of `dataset`'s graph and of its functions, or None
-  where the graph cannot be read (over protobuf's 2 GiB)."""
-  graph = DatasetGraph.of(dataset)
-  return None if graph is None else graph.ops
 
 
 def read_variation(dataset: tf.data.Dataset) -> Optional[str]:

@@ -194,6 +194,7 @@ def check_pipeline(build: Callable, *, what: str, finite: bool) -> PipelineData:
   if not isinstance(dataset, tf.data.Dataset):
     raise DataError(f"{what}: the pipeline function must return a tf.data.Dataset, "
                     f"got {type(dataset).__name__}")
+  original = dataset
   dataset, note = as_examples(dataset, what=what, name="the pipeline's dataset")
   check_dataset(dataset, what=what, finite=finite, name="the pipeline's dataset",
                 kind="the pipeline's dataset")
@@ -201,7 +202,7 @@ def check_pipeline(build: Callable, *, what: str, finite: bool) -> PipelineData:
   if finite and not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
     raise DataError(f"{what}: eval elements need known shapes (padding copies "
                     f"them), got {spec}")
-  if note:
+  if dataset is not original:  # Batches: each pipeline's are unbatched too.
     built = build
 
     def build(context):

@@ -39,9 +39,6 @@ _HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
 _UNCALLED = ("on_test_begin", "on_test_end", "on_test_batch_begin",
              "on_test_batch_end", "on_predict_begin", "on_predict_end",
              "on_predict_batch_begin", "on_predict_batch_end")
-# A very small difference: Keras counts an improvement only above min_delta,
-# the framework from it on; with min_delta 0, a tie is then no improvement.
-_TIE = 1e-12
 
 
 @dataclasses.dataclass
@@ -194,14 +191,14 @@ def _agree(result: CallbackPlan, callback, monitor: Monitor, min_delta: float):
   """EarlyStopping and ReduceLROnPlateau share the run's one patience count."""
   if result.patience_monitor is None:
     result.patience_monitor = result.best_monitor = monitor
-    result.config["early_stopping_min_delta"] = float(min_delta) or _TIE
+    result.config["early_stopping_min_delta"] = float(min_delta)
     return
   theirs = result.patience_monitor
   if (theirs.key, theirs.mode) != (monitor.key, monitor.mode):
     _refuse(callback, f"monitor={monitor.key!r}, mode={monitor.mode!r}, but "
             f"{theirs.owner} watches {theirs.key!r} ({theirs.mode}); trainer.fit "
             "counts both on one evaluation metric: give them the same monitor")
-  if (float(min_delta) or _TIE) != result.config["early_stopping_min_delta"]:
+  if float(min_delta) != result.config["early_stopping_min_delta"]:
     _refuse(callback, f"min_delta={min_delta}, but {theirs.owner}'s differs; "
             "trainer.fit counts both on one patience count: give them the same "
             "min_delta (e.g. min_delta=1e-4 on both)")

@@ -2,9 +2,10 @@
 
 `python my_program.py --cpu_devices=2 --model_dir=runs/b --deterministic` gives
 the program's `trainer.fit` those Config fields (over its keywords), as
-`python -m trainer.main` takes them. Only arguments that name a framework flag
-(`--NAME=VALUE`, `--NAME`, `--noNAME` for a boolean) are read; the program's
-other arguments are left to it.
+`python -m trainer.main` takes them. Only the flags of where and how the run
+executes (`RUNNING_FLAGS`: devices, strategy, model_dir, determinism, time and
+hang limits, summaries) are read, as `--NAME=VALUE`, `--NAME` or `--noNAME`;
+every other argument, `--learning_rate` or `--seed` too, is the program's own.
 """
 
 import re
@@ -12,11 +13,17 @@ import re
 from trainer import config as config_lib
 
 _FLAG = re.compile(r"^--(?P<name>[A-Za-z_][A-Za-z0-9_]*)(=(?P<value>.*))?$", re.S)
+# The framework's flags a Keras program's command line may give trainer.fit.
+RUNNING_FLAGS = ("cpu_devices", "gpus", "strategy", "cluster_resolver",
+                 "cross_device_ops", "memory_growth", "intra_op_threads",
+                 "inter_op_threads", "model_dir", "deterministic", "max_time",
+                 "hang_timeout", "requeue_signal", "summaries", "mixed_precision",
+                 "jit_compile", "sync_batchnorm", "verify_equivalence")
 
 
 def flag_arguments(argv) -> dict:
-  """{Config field: its argument} of the framework flags among `argv`."""
-  names = set(config_lib.flag_names())
+  """{Config field: its argument} of the RUNNING_FLAGS among `argv`."""
+  names = set(RUNNING_FLAGS) & set(config_lib.flag_names())
   found = {}
   for arg in argv:
     match = _FLAG.match(arg)

@@ -45,7 +45,8 @@ def compile_arguments(model) -> dict:
 class FitMetric(keras.metrics.Metric):
   """A compiled metric as a Task's streaming metric: it reads its own output
   (a model of several outputs) and, as Keras's `metrics=` are, is unweighted
-  by the sample weights, yet counts no evaluation padding (weight 0)."""
+  by the sample weights, examples of weight 0 included (the evaluation's
+  padding never reaches a metric: steps.make_eval_loop takes it out)."""
 
   def __init__(self, metric: keras.metrics.Metric, *, output, weighted: bool,
                outputs: "Outputs"):
@@ -57,8 +58,8 @@ class FitMetric(keras.metrics.Metric):
   def update_state(self, y_true, y_pred, sample_weight=None):
     labels = self._outputs.labels(y_true)[self._output]
     predicted = self._outputs.outputs(y_pred)[self._output]
-    if sample_weight is not None and not self._weighted:
-      sample_weight = tf.cast(tf.not_equal(sample_weight, 0.0), sample_weight.dtype)
+    if not self._weighted:  # The framework keeps the eval padding out.
+      sample_weight = None
     self.metric.update_state(labels, predicted, sample_weight=sample_weight)
 
   def reset_state(self):

@@ -100,12 +100,18 @@ def _weights(sample_weight, argument: str):
 
 
 def _batch_of(dataset: tf.data.Dataset, argument: str) -> int:
-  """The batch size of a batched dataset (that of its first batch).
+  """The batch size of a batched dataset (that of its first batch). Keras's fit
+  takes batches: a dataset whose graph shows single examples is refused, one
+  from an opaque source (a generator) is taken as batches, as Keras takes it.
 
   Raises:
-    ConfigError: it yields single examples, or nothing.
+    ConfigError: it yields single examples, or nothing, or its graph cannot
+      tell.
   """
-  if batching(dataset) is None:
+  found = batching(dataset)
+  if found.depth is None:
+    _refuse(argument, f"cannot tell whether its elements are batches: {found.why}")
+  if found.depth == 0 and not found.opaque:
     _refuse(argument, "a dataset of single examples; Keras's fit takes batches: "
             "batch it (dataset.batch(32))")
   for element in dataset.take(1):
@@ -115,7 +121,8 @@ def _batch_of(dataset: tf.data.Dataset, argument: str) -> int:
 
 def fit_data(x, y, *, batch_size: Optional[int], sample_weight, validation_split,
              validation_data, steps_per_epoch: Optional[int],
-             validation_steps: Optional[int]) -> FitData:
+             validation_steps: Optional[int],
+             validation_batch_size: Optional[int] = None) -> FitData:
   """Checks fit()'s data arguments and returns what the Task serves.
 
   Raises:
@@ -136,8 +143,11 @@ def fit_data(x, y, *, batch_size: Optional[int], sample_weight, validation_split
       _refuse("validation_split", "not with a dataset (Keras splits arrays "
               "only): give validation_data")
     batch = _batch_of(x, "x")
+    if steps_per_epoch is None and int(x.cardinality()) == tf.data.INFINITE_CARDINALITY:
+      _refuse("steps_per_epoch", "required with an infinite dataset (as Keras's "
+              "fit), e.g. steps_per_epoch=100")
     examples = None if steps_per_epoch else count_elements(x.unbatch())
-    train = x
+    train = x.unbatch()  # The framework batches its examples again.
     positional = (False, False)
   else:
     if x is None or y is None:
@@ -169,14 +179,17 @@ def fit_data(x, y, *, batch_size: Optional[int], sample_weight, validation_split
               "examples (the framework's batches are always full)")
   elif not (isinstance(steps_per_epoch, int) and steps_per_epoch >= 1):
     _refuse("steps_per_epoch", f"{steps_per_epoch!r}: must be an int >= 1")
-  return FitData(train=train, validation=_validation(validation_data,
-                                                     validation_steps, batch),
+  return FitData(train=train, validation=_validation(
+                     validation_data, validation_steps,
+                     validation_batch_size or batch),
                  batch_size=batch, steps_per_epoch=steps_per_epoch,
                  positional_features=positional[0], positional_labels=positional[1])
 
 
 def _validation(value, steps: Optional[int], batch: int):
-  """validation_data as Task.eval_data's value (its first `steps` batches)."""
+  """validation_data as Task.eval_data's value: its first `steps` batches (of
+  `batch` examples, validation_batch_size or batch_size, for arrays), as
+  examples."""
   if value is None:
     if steps is not None:
       _refuse("validation_steps", "without validation data")
@@ -185,7 +198,7 @@ def _validation(value, steps: Optional[int], batch: int):
     _refuse("validation_steps", f"{steps!r}: must be an int >= 1")
   if isinstance(value, tf.data.Dataset):
     _batch_of(value, "validation_data")
-    return value if steps is None else value.take(steps)
+    return (value if steps is None else value.take(steps)).unbatch()
   if not (isinstance(value, (tuple, list)) and len(value) in (2, 3)):
     _refuse("validation_data", "(x_val, y_val), (x_val, y_val, sample_weight) "
             "or a tf.data.Dataset")

@@ -13,6 +13,7 @@ import os
 
 
 from trainer.keras_fit.history import epoch_logs
+from trainer.outputs.results import improves
 
 
 def write_csv(logger, state: dict, epoch: int):
@@ -62,17 +63,11 @@ def improved(checkpoint, state: dict, epoch: int, *, goal: str) -> tuple:
       continue
     if e == epoch:
       current = value
-    elif best is None or _better(value, best, goal, checkpoint.min_delta):
+    elif improves(value, best, goal, checkpoint.min_delta):
       best = value
   if current is None:
     return False, best
-  return best is None or _better(current, best, goal, checkpoint.min_delta), best
-
-
-def _better(value: float, reference: float, goal: str, min_delta: float) -> bool:
-  if goal == "max":
-    return value - min_delta > reference
-  return value + min_delta < reference
+  return improves(current, best, goal, checkpoint.min_delta), best
 
 
 def save_checkpoint(checkpoint, model, state: dict, epoch: int, *, goal: str,

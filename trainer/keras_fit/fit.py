@@ -151,8 +151,14 @@ def _fit(build, x, y, *, epochs, verbose, callbacks, shuffle, class_weight,
                    initial_epoch=initial_epoch, validation_freq=validation_freq,
                    validation_batch_size=validation_batch_size,
                    class_weight=class_weight)
-  data = fit_data(x, y, **data_arguments)
+  data = fit_data(x, y, validation_batch_size=validation_batch_size,
+                  **data_arguments)
   fields = _config_fields(config_fields)
+  import keras  # The program's: imported already.
+  policy = keras.mixed_precision.global_policy().name
+  if policy in ("mixed_float16", "mixed_bfloat16"):
+    # The program's own policy: the framework builds and scales the loss for it.
+    fields.setdefault("mixed_precision", policy)
   validation = data.validation is not None
   plan = callbacks_lib.plan(callbacks, steps_per_epoch=data.steps_per_epoch,
                             validation=validation)
@@ -207,8 +213,8 @@ def _needs_its_own_start(config: Config) -> bool:
 
 
 def _config_fields(keywords: dict) -> dict:
-  """The Config fields given as keywords and on the program's command line
-  (which wins); those fit() sets itself are refused."""
+  """The Config fields given as keywords (those fit() sets itself are refused)
+  and on the program's command line (command_line.RUNNING_FLAGS; it wins)."""
   arguments = command_line.flag_arguments(sys.argv[1:])
   names = set(flag_names())
   for name in keywords:
@@ -219,10 +225,6 @@ def _config_fields(keywords: dict) -> dict:
       raise ConfigError(
           f"fit({name}=...): not an argument of Keras's fit nor a Config field "
           "(python -m trainer.main --helpfull lists them)")
-  for name in arguments:
-    if name in OWNED:
-      raise ConfigError(
-          f"--{name} on the command line: trainer.fit sets it from {OWNED[name]}")
   return {**keywords, **command_line.parse(arguments)}
 
 

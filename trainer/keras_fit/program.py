@@ -26,6 +26,7 @@ from trainer.keras_fit import command_line
 
 ENV = "TRAINER_FIT_DEVICES"
 MODULE = "trainer.keras_fit"  # Its __main__ runs `main`.
+_started_here = []  # The settings `main` started this process's devices with.
 
 
 def strategy_settings(fields: dict) -> dict:
@@ -39,11 +40,13 @@ def command_of_this_program():
   """The arguments that run this process's program again after
   `python -m trainer.keras_fit` (`-m MODULE ...` or `SCRIPT ...`), or
   None (an interactive session, `python -c`)."""
+  if "IPython" in sys.modules or "ipykernel" in sys.modules:
+    return None  # A notebook or an IPython shell: no program to run again.
   spec = getattr(sys.modules.get("__main__"), "__spec__", None)
   if spec is not None and spec.name and not spec.name.startswith(MODULE):
     return ["-m", spec.name, *sys.argv[1:]]
   if sys.argv and sys.argv[0] and os.path.isfile(sys.argv[0]):
-    return list(sys.argv)
+    return [os.path.abspath(sys.argv[0]), *sys.argv[1:]]
   return None
 
 
@@ -55,7 +58,7 @@ def restart(fields: dict, say=print):
     ConfigError: it cannot be restarted, or this is its restart already.
   """
   command = command_of_this_program()
-  if os.environ.get(ENV) is not None or command is None:
+  if _started_here or command is None:
     raise ConfigError(
         "TensorFlow ran before trainer.fit, and this run needs its devices set "
         "up first (a MultiWorkerMirroredStrategy, or a CPU split into "
@@ -67,7 +70,19 @@ def restart(fields: dict, say=print):
   sys.stdout.flush()
   sys.stderr.flush()
   os.environ[ENV] = json.dumps(strategy_settings(fields))
-  os.execv(sys.executable, [sys.executable, "-m", MODULE, *command])
+  os.execv(sys.executable,
+           [sys.executable, *_interpreter_options(), "-m", MODULE, *command])
+
+
+def _interpreter_options() -> list:
+  """The interpreter's own options this process was started with (-u, -O,
+  -W ARG, -X ARG), to start the program again with them."""
+  argv, options = list(getattr(sys, "orig_argv", [])[1:]), []
+  while argv and argv[0].startswith("-") and argv[0] not in ("-m", "-c", "-"):
+    options.append(argv.pop(0))
+    if options[-1] in ("-W", "-X") and argv:
+      options.append(argv.pop(0))
+  return options
 
 
 def _settings(argv) -> dict:
@@ -92,7 +107,10 @@ def main(argv) -> int:
   except TrainerError as e:
     print(f"error: {one_line(e, limit=None)}", file=sys.stderr, flush=True)
     return int(e.exit_code)
-  os.environ[ENV] = json.dumps(settings)  # A restart of a restart is refused.
+  # Read once: the program's own children do not inherit it, and a restart of
+  # this run is refused (_started_here).
+  os.environ.pop(ENV, None)
+  _started_here.append(settings)
   if argv[0] == "-m":
     sys.argv = [argv[1], *argv[2:]]
     runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -153,6 +153,12 @@ class FitTask(Task):
     optimizer = self.model.optimizer
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
       optimizer = optimizer.inner_optimizer  # The framework scales the loss.
+    if getattr(optimizer, "use_ema", False):
+      raise ConfigError(
+          "model.compile(optimizer=...(use_ema=True)): the framework keeps the "
+          "moving averages of the weights itself: compile without use_ema and "
+          "give trainer.fit ema_decay=... (--ema_decay; evaluations and the "
+          "export use the averages)")
     if self._plateau and _has_schedule(optimizer):
       raise ConfigError("callbacks: keras.callbacks.ReduceLROnPlateau: the "
                         "compiled optimizer's learning rate is a schedule, which "

@@ -21,18 +21,24 @@ _MEASURED = ("train", "eval", "time_to_first_step_s", "steps_per_second",
              "export_dir", "eval_seconds", "eval_examples_per_second")
 
 
-def improves(value, best, goal: str) -> bool:
+def improves(value, best, goal: str, min_delta: float = 0.0) -> bool:
   """Whether an evaluation's --best_metric `value` beats `best`, the best so far
-  (None where there is none yet), under `goal` ("max" or "min"). A value that is
-  not a finite number (NaN) is never the best, and any finite one beats a best
-  that is not (an older run's NaN).
+  (None where there is none yet), under `goal` ("max" or "min"), by more than
+  `min_delta` (--early_stopping_min_delta; Keras's EarlyStopping rule: a tie is
+  no improvement). The one rule of the best checkpoint, early stopping and
+  ReduceLROnPlateau. A value that is not a finite number (NaN) is never the
+  best, and any finite one beats a best that is not (an older run's NaN).
 
   >>> improves(0.5, None, "min"), improves(0.5, 0.4, "min"), improves(0.5, 0.4, "max")
   (True, False, True)
+  >>> improves(0.45, 0.4, "max", min_delta=0.1), improves(0.4, 0.4, "max")
+  (False, False)
   """
   if not _finite(value):
     return False
-  return not _finite(best) or (value > best if goal == "max" else value < best)
+  if not _finite(best):
+    return True
+  return value - min_delta > best if goal == "max" else value + min_delta < best
 
 
 def _finite(value) -> bool:
@@ -47,7 +53,8 @@ class Results:
   """
 
   def __init__(self, *, model_dir: str, task: str, train_steps: int, trainer,
-               checkpoints, best_metric: str, best_goal: str):
+               checkpoints, best_metric: str, best_goal: str,
+               min_delta: float = 0.0):
     """Starts the record of a run.
 
     Args:
@@ -58,11 +65,13 @@ class Results:
       checkpoints: its Checkpoints (the run record).
       best_metric: "eval/NAME" that picks the best evaluation.
       best_goal: "max" or "min".
+      min_delta: what an evaluation must beat the best by (improves).
     """
     self._trainer = trainer
     self._checkpoints = checkpoints
     self._best_name = best_metric.split("/", 1)[1]
     self._best_goal = best_goal
+    self._min_delta = min_delta
     self._path = os.path.join(model_dir, run_dir.RESULTS_FILE)
     previous = run_dir.read_json(self._path)
     self.previous = previous if isinstance(previous, dict) else {}
@@ -123,7 +132,7 @@ class Results:
     best = record.best_eval
     if improves(metrics[self._best_name],
                 best.get(self._best_name) if isinstance(best, dict) else None,
-                self._best_goal):
+                self._best_goal, self._min_delta):
       record.best_eval = dict(metrics, step=step)
       return True
     return False

@@ -145,8 +145,10 @@ class Checkpoints:
   def _read(self, path: str):
     """Restores the checkpoint at `path` through roots made for this read alone:
     a root keeps the restorations it defers (what the checkpoint holds that the
-    root does not), which would read this checkpoint's files again later, after
-    a live run rotated them away."""
+    root does not: the record, the averages), which would read this
+    checkpoint's files again later, after a live run rotated them away. (Every
+    object of the run's state exists before a restore, so its children defer
+    nothing.)"""
     tf.train.Checkpoint(**self._core_objects).restore(
         path).assert_existing_objects_matched().expect_partial()
     tf.train.Checkpoint(**self._extra_objects).restore(path).expect_partial()

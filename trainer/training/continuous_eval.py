@@ -137,7 +137,7 @@ class _Evaluator:
     best = self.state["best_eval"]
     if results.improves(metrics.get(name),
                         best.get(name) if isinstance(best, dict) else None,
-                        self._goal):
+                        self._goal, built.config.early_stopping_min_delta):
       built.checkpoints.save_best()
       self.state["best_eval"] = dict(metrics, step=step)
     self.state["evaluated"][str(step)] = metrics

@@ -120,17 +120,23 @@ def verify(trainer, train_data) -> Optional[Verdict]:
                  [g.state for g in replica_layers.seed_generators(model)])
   values = [tf.convert_to_tensor(v) for v in kept]
   recorder = LayerRecorder()
+
+  def restored():  # Each pass from the same state (renorm reads its averages).
+    for variable, value in zip(kept, values):
+      variable.assign(value)
+
   try:
     with random_layers_at_inference(model), recorder.recording(model):
       distributed = _distributed(trainer, recorder, batch)
       with replica_layers.as_keras_built(model):
         size = trainer.global_batch_size
-        orders = [np.arange(size), np.arange(size)[::-1],
-                  np.roll(np.arange(size), size // 2)]
-        single = [_single(trainer, recorder, batch, order) for order in orders]
+        single = []
+        for order in (np.arange(size), np.arange(size)[::-1],
+                      np.roll(np.arange(size), size // 2)):
+          restored()
+          single.append(_single(trainer, recorder, batch, order))
   finally:
-    for variable, value in zip(kept, values):
-      variable.assign(value)
+    restored()
   return _verdict(trainer, distributed, single, recorder.layers)
 
 
@@ -152,23 +158,25 @@ def check_before_training(trainer, train_data, *, console, vote, watchdog,
   Raises:
     TaskError: strict, and the replicas differ from one device.
   """
-  if mixed_precision(trainer):
-    console.say("equivalence: not checked under --mixed_precision: float16 and "
-                "bfloat16 round any two splits of a batch far apart")
+  why_not = unchecked(trainer)
+  if why_not:
+    console.say(f"equivalence: not checked: {why_not}")
     return
+  verdict = None
   with watchdog.guard("the equivalence check", step=trainer.step):
     try:
       verdict = verify(trainer, train_data)
     except tf.errors.ResourceExhaustedError:
       console.say(f"equivalence: not checked: the global batch of "
                   f"{trainer.global_batch_size} does not fit one device")
-      return
-  if verdict is None:
-    console.say("equivalence: 1 replica: nothing to compare")
-    return
-  console.say(verdict.line())
-  if vote("the equivalence vote", strict and not verdict.holds):
-    raise refusal(verdict)
+  if verdict is not None:
+    console.say(verdict.line())
+  # Every worker votes, whatever its own check found (or could not check).
+  if vote("the equivalence vote", strict and verdict is not None and
+          not verdict.holds):
+    raise refusal(verdict) if verdict is not None and not verdict.holds else (
+        TaskError("--verify_equivalence=strict: another worker's check found a "
+                  "difference (its line says which); nothing was written"))
 
 
 def _verdict(trainer, distributed: dict, single: list, layers: list) -> Verdict:
@@ -205,9 +213,19 @@ def _short(value: float) -> str:
                 f"{value:.2g}")
 
 
-def mixed_precision(trainer) -> bool:
-  """Whether the model computes in float16 or bfloat16."""
-  return trainer.model.compute_dtype in ("float16", "bfloat16")
+def unchecked(trainer) -> str:
+  """Why the check cannot run on this trainer ("" where it can): one replica,
+  float16 or bfloat16 (which round any two splits of a batch far apart), or
+  XLA (its compiled step cannot hand the layers' outputs out)."""
+  if trainer.num_replicas == 1:
+    return "1 replica: nothing to compare"
+  if trainer.model.compute_dtype in ("float16", "bfloat16"):
+    return ("--mixed_precision: float16 and bfloat16 round any two splits of a "
+            "batch far apart")
+  if trainer.jit_compile:
+    return ("--jit_compile: the compiled step cannot hand each layer's outputs "
+            "out; check without it")
+  return ""
 
 
 def refusal(verdict: Verdict) -> TaskError:

@@ -61,15 +61,22 @@ def learning_rate(optimizer):
 
 
 def update_rule(optimization: OptimizationConfig, *, model, optimizer,
-                train_steps: int, keep_gradients: bool = False) -> UpdateRule:
+                train_steps: int, keep_gradients: bool = False,
+                task_optimizer: bool = False) -> UpdateRule:
   """The update's options from the flags (and `keep_gradients`: a copy of each
-  update's gradients, for histograms); call inside `strategy.scope()`."""
+  update's gradients, for histograms; `task_optimizer`: the optimizer is the
+  task's, whose rate may also be set from outside); call inside
+  `strategy.scope()`."""
   variable = rate_variable(optimizer)
-  rate_base = None
+  rate_base = rate_set = None
   if variable is not None:  # Not a task optimizer's own schedule.
     rate_base = tf.Variable(float(variable.numpy()), trainable=False,
                             name="peak_learning_rate",
                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    if task_optimizer:
+      rate_set = tf.Variable(float(variable.numpy()), trainable=False,
+                             name="learning_rate_set",
+                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
   ema_variables = ()
   if optimization.ema_decay:
     ema_variables = tuple(
@@ -82,7 +89,7 @@ def update_rule(optimization: OptimizationConfig, *, model, optimizer,
       for i, v in enumerate(model.trainable_variables)) if keep_gradients else ()
   return UpdateRule(
       accum_steps=optimization.grad_accum_steps, clip_norm=optimization.clip_norm,
-      rate_variable=variable, rate_base=rate_base,
+      rate_variable=variable, rate_base=rate_base, rate_set=rate_set,
       rate_factor=schedules.schedule_of(optimization, train_steps=train_steps),
       ema_decay=optimization.ema_decay, ema_variables=ema_variables,
       gradient_copies=gradient_copies)

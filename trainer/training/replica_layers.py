@@ -81,7 +81,7 @@ def _refuse_in_recurrent_cells(model: keras.Model):
   runs in the RNN's tf.while_loop), before anything runs."""
   for layer in internals.layers_of(model):
     cell = getattr(layer, "cell", None) if isinstance(
-        layer, keras.layers.RNN) else None
+        layer, keras.layers.RNN) and not layer.unroll else None  # Unrolled: no loop.
     if isinstance(cell, keras.layers.Layer):
       for inner in internals.layers_of(cell):
         if isinstance(inner, keras.layers.BatchNormalization):
@@ -173,7 +173,7 @@ def per_replica_statistics(model: keras.Model) -> Averaged:
       continue
     variance = getattr(layer, "moving_variance", None) if layer.renorm else None
     for weight in layer.non_trainable_weights:
-      if weight is not variance:
+      if weight is not variance and weight.value.dtype.is_floating:
         variables.append(weight.value)
     if variance is not None:
       derived.append((variance.value, layer.moving_stddev.value, layer.epsilon))

@@ -139,7 +139,7 @@ def _train_built(built: setup.Built, *, actions: list, stop_request,
     results = Results(model_dir=config.model_dir, task=config.task,
                       train_steps=config.train_steps, trainer=trainer,
                       checkpoints=checkpoints, best_metric=best[0],
-                      best_goal=best[1])
+                      best_goal=best[1], min_delta=config.early_stopping_min_delta)
     watchdog.on_hang = functools.partial(_hung, results)
     watchdog.completed(trainer.step)
     # On the way out with an error: results.json says how the run ended.

@@ -50,6 +50,11 @@ class Built:
   console: Console
 
 
+# Without --hang_timeout, a multi-worker set-up (the user's Task.prepare, the
+# data, the variables' first broadcast) may take this long before it is a hang.
+SET_UP_DEFAULT_SECONDS = 1800.0
+
+
 def resolve_task(config: Config, task: Task = None) -> tuple:
   """(config, task) that agree: the task built from the config, or the config
   recording a given task's name and hyperparameters (so flags.txt holds them).
@@ -101,7 +106,8 @@ def build(config: Config, task: Task, *, read_only: bool = False,
                     progress_lines=config.summaries)
   if watchdog is not None:
     watchdog.identify(cluster.worker)
-  with (watchdog.guard("set-up", step=None)
+  with (watchdog.guard("set-up", step=None,
+                      default_at_least=SET_UP_DEFAULT_SECONDS)
         if watchdog is not None and cluster.num_workers > 1 else
         contextlib.nullcontext()):
     return _build_on(config, task, strategy=strategy, cluster=cluster,

@@ -81,6 +81,10 @@ class UpdateRule:
     rate_variable: the optimizer's learning-rate variable, set before each update
       to rate_base * rate_factor(step); None leaves the optimizer's own rate.
     rate_base: a variable: --learning_rate times the rollbacks' multiplier.
+    rate_set: a task's own optimizer: the rate the rule set last (a variable);
+      a rate set from outside since (an action's or a Keras callback's
+      `model.optimizer.learning_rate = x`) becomes the new rate_base. None:
+      the flags' optimizer, whose rate is the flags'.
     rate_factor: `step -> factor` (schedules.rate_factor).
     ema_decay: decay of the weights' moving average (0 = off).
     ema_variables: the averages, one per trainable variable.
@@ -91,6 +95,7 @@ class UpdateRule:
   clip_norm: float = 0.0
   rate_variable: object = None
   rate_base: object = None
+  rate_set: object = None
   rate_factor: object = None
   ema_decay: float = 0.0
   ema_variables: tuple = ()
@@ -274,7 +279,18 @@ class TrainLoop:
       gradients, _ = tf.clip_by_global_norm(gradients, rule.clip_norm * scale,
                                             use_norm=norm * scale)
     if rule.rate_variable is not None:
-      rule.rate_variable.assign(rule.rate_base * rule.rate_factor(self._global_step))
+      step = self._global_step
+      if rule.rate_set is not None:  # A rate set from outside is adopted.
+        earlier = rule.rate_factor(step - 1)
+        outside = tf.logical_and(tf.not_equal(rule.rate_variable, rule.rate_set),
+                                 earlier > 0)
+        rule.rate_base.assign(tf.where(
+            outside, rule.rate_variable / tf.where(earlier > 0, earlier, 1.0),
+            rule.rate_base))
+      rate = rule.rate_base * rule.rate_factor(step)
+      rule.rate_variable.assign(rate)
+      if rule.rate_set is not None:
+        rule.rate_set.assign(rate)
     with tf.name_scope(profile.OPTIMIZER):
       optimizer.apply(gradients, self._variables)
     for average, variable in zip(rule.ema_variables, self._variables):

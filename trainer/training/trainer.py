@@ -58,6 +58,8 @@ class Trainer:
     vote: `(code, steps_per_loop) -> (largest code, fewest steps)` over every
       worker (steps.make_vote): `stop_vote` and `loop_vote`.
     gather_eval: gather eval arrays in-graph too (--array_input=gather).
+    jit_compile: the replica's forward and backward pass is compiled with XLA
+      (--jit_compile).
     lean_graph_passes: compile the loops and the diagnose step with
       graph_passes' lean Grappler passes (graph_passes.lean_for).
     own_moments_layers: BatchNormalization subclasses with their own
@@ -92,6 +94,7 @@ class Trainer:
   gather: object
   vote: object
   gather_eval: bool = False
+  jit_compile: bool = False
   lean_graph_passes: bool = False
   own_moments_layers: tuple = ()
   averaged_statistics: object = None
@@ -134,6 +137,8 @@ class Trainer:
     extra = {f"task_{k}": v for k, v in items.items()}
     if self.rule.ema_variables:
       extra["ema"] = list(self.rule.ema_variables)
+    if self.rule.rate_set is not None:  # A resume adopts no rate it set itself.
+      extra["learning_rate_set"] = self.rule.rate_set
     return core, extra
 
   def set_peak_rate(self, value: float):

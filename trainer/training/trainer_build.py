@@ -65,7 +65,8 @@ def build_trainer(*, task: Task, strategy, cluster: Cluster, train_data: TaskDat
     optimizer.build(model.trainable_variables)
     rule = optimizers.update_rule(optimization, model=model, optimizer=optimizer,
                                   train_steps=train_steps,
-                                  keep_gradients=keep_gradients)
+                                  keep_gradients=keep_gradients,
+                                  task_optimizer=own is not None)
     global_step, ledgers, totals = _counters(strategy, metric_names)
   left_alone, averaged = (), replica_layers.Averaged()
   if sync_batchnorm is not None:
@@ -99,6 +100,7 @@ def build_trainer(*, task: Task, strategy, cluster: Cluster, train_data: TaskDat
       history_columns=train.history_columns, diagnose_step=train.diagnose,
       forward_backward=train.forward_backward, build_eval_loop=build_eval_loop,
       gather=gather_input, vote=steps.make_vote(strategy), gather_eval=gather_eval,
+      jit_compile=optimization.jit_compile,
       own_moments_layers=tuple(left_alone), averaged_statistics=averaged,
       lean_graph_passes=graph_passes.lean_for(strategy))
 

@@ -166,7 +166,7 @@ class HangWatchdog:
         self._wake.notify()
 
   @contextlib.contextmanager
-  def guard(self, phase: str, *, step: int):
+  def guard(self, phase: str, *, step: int, default_at_least: float = 0.0):
     """Bounds the block by `limit` seconds; a peer's collective error inside it is
     reported as a hang at once.
 
@@ -175,10 +175,14 @@ class HangWatchdog:
         default limit), "evaluation", "checkpoint", "set-up".
       step: the global step the phase starts at (None: before the trainer
         has one).
+      default_at_least: without --hang_timeout, the phase may take at least
+        this long (a set-up runs the user's own Task.prepare).
     """
     started = time.monotonic()
+    limit = self.limit if self._limit is not None else max(self.limit,
+                                                          default_at_least)
     with self._wake:
-      self._armed = (phase, step, started, started + self.limit)
+      self._armed = (phase, step, started, started + limit)
       self._wake.notify()
     try:
       yield
