@@ -199,11 +199,11 @@ def task_class() -> type:
 
 
 def _first_examples(train, count: int = 8) -> tuple:
-  """(features, labels) of the first training examples (a dataset's first
-  batch)."""
+  """(features, labels) of the first `count` training examples (arrays, or a
+  dataset's examples)."""
   if isinstance(train, tuple):
     return tuple(_head(part, count) for part in train[:2])
-  for element in train.take(1):
+  for element in train.batch(count).take(1):
     return element[0], element[1]
   raise TaskError("fit(x=...): the dataset is empty")
 
