@@ -5,17 +5,19 @@ one device ends from itself when only the summation order changes.
   python scripts/bench_floor.py                     # the table in docs/performance.md
   python scripts/bench_floor.py --models=cnn_bn --steps=1,10 --replicas=2
 
-For each model, four runs train the same batches (global batch 32, in a fixed
+For each model, six runs train the same batches (global batch 32, in a fixed
 order: --shuffle=false over examples shuffled once), seed and Adam under
 --deterministic, each in its own process: one device; N replicas (N x 32/N);
-one device with every batch in reverse order (the floor: the same examples and
-step, other summation orders); and one device with TensorFlow's other kernels
+one device with every batch's examples in three other orders (reversed,
+rotated by a quarter, pairs swapped: the same examples and steps, other
+summation orders); and one device with TensorFlow's other kernels
 (TF_ENABLE_ONEDNN_OPTS=0). Each run trains to the first step count, then resumes
 to the next (a resume is bit-exact), and the largest weight difference from the
 first run is read from the checkpoints at each: |dw| / max(1, |w|) over every
-model weight. Where the reversed batch ends as far from one device as N replicas
-do, the gap is round-off that training amplifies (Adam turns round-off
-gradients, of a true value 0, into full steps), not the distribution.
+model weight. The floor is the largest of the four one-device variants. Where
+it is as large as N replicas' difference, the gap is round-off that training
+amplifies (Adam turns round-off gradients, of a true value 0, into full steps),
+not the distribution.
 
 Models: the built-in mlp, cnn and resnet on digits; the cnn and resnet with
 BatchNormalization (--task.batchnorm); and a timeseries classifier as keras-io
@@ -56,24 +58,31 @@ COMMON = ["--optimizer=adam", "--learning_rate=0.001", "--deterministic",
 GLOBAL_BATCH = 32
 
 
-def in_batches(x, y, *, reverse: bool):
-  """The examples shuffled once, in whole global batches, each batch reversed
-  with `reverse`: read in order (--shuffle=false), every run sees the same
+# How each global batch is ordered within: the floor runs take other orders.
+ORDERS = {"same": lambda b: b, "reversed": lambda b: b[:, ::-1],
+          "rotated": lambda b: np.roll(b, GLOBAL_BATCH // 4, axis=1),
+          "swapped": lambda b: b.reshape(len(b), -1, 2)[:, :, ::-1].reshape(b.shape)}
+
+
+def in_batches(x, y, *, order: str):
+  """The examples shuffled once, in whole global batches, each batch's examples
+  in `order` (ORDERS): read in order (--shuffle=false), every run sees the same
   batches at the same steps."""
-  order = np.random.default_rng(0).permutation(len(x))
-  order = order[:len(order) // GLOBAL_BATCH * GLOBAL_BATCH].reshape(-1, GLOBAL_BATCH)
-  order = (order[:, ::-1] if reverse else order).ravel()
-  return x[order], y[order]
+  indices = np.random.default_rng(0).permutation(len(x))
+  batches = indices[:len(indices) // GLOBAL_BATCH * GLOBAL_BATCH].reshape(
+      -1, GLOBAL_BATCH)
+  indices = ORDERS[order](batches).ravel()
+  return x[indices], y[indices]
 
 
 @dataclasses.dataclass
 class Digits(Classification):
   """The built-in classification task (digits) in fixed batches."""
 
-  reverse: bool = False
+  order: str = "same"
 
   def train_data(self):
-    return in_batches(*super().train_data(), reverse=self.reverse)
+    return in_batches(*super().train_data(), order=self.order)
 
 
 @dataclasses.dataclass
@@ -82,7 +91,7 @@ class TimeseriesTask(trainer.Task):
   series of 128 steps: a sine of one of two frequencies in noise."""
 
   layout_fields = ()
-  reverse: bool = False
+  order: str = "same"
 
   def build_model(self):
     inputs = keras.Input((128, 1))
@@ -102,7 +111,7 @@ class TimeseriesTask(trainer.Task):
     x = np.sin(t * (0.1 + 0.1 * labels[:, None]) + phase)
     x += rng.normal(scale=0.5, size=x.shape)
     return in_batches(x[..., None].astype("float32"), labels.astype("int32"),
-                      reverse=self.reverse)
+                      order=self.order)
 
   def loss(self, labels, outputs):
     return keras.losses.sparse_categorical_crossentropy(labels, outputs,
@@ -114,13 +123,13 @@ class TimeseriesTask(trainer.Task):
 
 
 def _train(model_dir: str, flags: list, *, steps: int, replicas: int,
-           reverse: bool, other_kernels: bool):
+           order: str, other_kernels: bool):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              PYTHONPATH=os.pathsep.join([SCRIPTS, REPO]))
   if other_kernels:
     env["TF_ENABLE_ONEDNN_OPTS"] = "0"
   command = [sys.executable, "-m", "trainer.main", *COMMON, *flags,
-             f"--task.reverse={str(reverse).lower()}", f"--cpu_devices={replicas}",
+             f"--task.order={order}", f"--cpu_devices={replicas}",
              f"--per_replica_batch_size={GLOBAL_BATCH // replicas}",
              f"--train_steps={steps}", f"--model_dir={model_dir}"]
   done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
@@ -142,23 +151,26 @@ def difference(a: dict, b: dict) -> float:
              for k in a)
 
 
-# run -> (replicas, reversed batches, other kernels)
-RUNS = {"one": (1, False, False), "replicas": (None, False, False),
-        "reversed": (1, True, False), "kernels": (1, False, True)}
+# run -> (replicas, the batches' order, other kernels)
+RUNS = {"one": (1, "same", False), "replicas": (None, "same", False),
+        "reversed": (1, "reversed", False), "rotated": (1, "rotated", False),
+        "swapped": (1, "swapped", False), "kernels": (1, "same", True)}
+FLOOR = ("reversed", "rotated", "swapped", "kernels")
 
 
 def measure(name: str, *, steps: list, replicas: int, root: str) -> dict:
-  """{step: {run: its difference from one device}} for the runs but "one"."""
+  """{step: (N replicas vs 1 device, the floor: the largest difference of one
+  device from itself in another order or with other kernels)}."""
   rows = {}
   for step in steps:
     weights = {}
-    for run, (count, reverse, other) in RUNS.items():
+    for run, (count, order, other) in RUNS.items():
       directory = os.path.join(root, f"{name}-{run}")
       _train(directory, MODELS[name], steps=step, replicas=count or replicas,
-             reverse=reverse, other_kernels=other)
+             order=order, other_kernels=other)
       weights[run] = _weights(directory)
-    rows[step] = {run: difference(weights["one"], weights[run])
-                  for run in RUNS if run != "one"}
+    rows[step] = (difference(weights["one"], weights["replicas"]),
+                  max(difference(weights["one"], weights[run]) for run in FLOOR))
   return rows
 
 
@@ -173,15 +185,15 @@ def main():
   unknown = [n for n in names if n not in MODELS]
   if unknown:
     raise SystemExit(f"--models: unknown {unknown[0]!r}; known: {', '.join(MODELS)}")
-  titles = {"replicas": f"{args.replicas} replicas", "reversed": "reversed batch",
-            "kernels": "other kernels"}
-  header = " | ".join(f"{titles[run]} @{s}" for run in titles for s in steps)
+  header = " | ".join([f"{args.replicas} replicas @{s}" for s in steps] +
+                      [f"floor @{s}" for s in steps])
   print(f"| model | {header} |")
-  print("|---|" + "---|" * (len(titles) * len(steps)), flush=True)
+  print("|---|" + "---|" * (2 * len(steps)), flush=True)
   with tempfile.TemporaryDirectory() as root:
     for name in names:
       rows = measure(name, steps=steps, replicas=args.replicas, root=root)
-      cells = [f"{rows[s][run]:.1e}" for run in titles for s in steps]
+      cells = ([f"{rows[s][0]:.1e}" for s in steps] +
+               [f"{rows[s][1]:.1e}" for s in steps])
       print(f"| {name} | {' | '.join(cells)} |", flush=True)
 
 
