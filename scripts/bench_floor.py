@@ -5,9 +5,10 @@ one device ends from itself when only the summation order changes.
   python scripts/bench_floor.py                     # the table in docs/performance.md
   python scripts/bench_floor.py --models=cnn_bn --steps=1,10 --replicas=2
 
-For each model, six runs train the same batches (global batch 32, in a fixed
+For each model, seven runs train the same batches (global batch 32, in a fixed
 order: --shuffle=false over examples shuffled once), seed and Adam under
---deterministic, each in its own process: one device; N replicas (N x 32/N);
+--deterministic, each in its own process: one device; N replicas (N x 32/N),
+and N replicas with every batch's examples reversed;
 one device with every batch's examples in three other orders (reversed,
 rotated by a quarter, pairs swapped: the same examples and steps, other
 summation orders); and one device with TensorFlow's other kernels
@@ -153,14 +154,16 @@ def difference(a: dict, b: dict) -> float:
 
 # run -> (replicas, the batches' order, other kernels)
 RUNS = {"one": (1, "same", False), "replicas": (None, "same", False),
+        "replicas_reversed": (None, "reversed", False),
         "reversed": (1, "reversed", False), "rotated": (1, "rotated", False),
         "swapped": (1, "swapped", False), "kernels": (1, "same", True)}
 FLOOR = ("reversed", "rotated", "swapped", "kernels")
 
 
 def measure(name: str, *, steps: list, replicas: int, root: str) -> dict:
-  """{step: (N replicas vs 1 device, the floor: the largest difference of one
-  device from itself in another order or with other kernels)}."""
+  """{step: (N replicas vs 1 device, N replicas on reversed batches vs 1 device,
+  the floor: the largest difference of one device from itself in another
+  order or with other kernels)}."""
   rows = {}
   for step in steps:
     weights = {}
@@ -170,6 +173,7 @@ def measure(name: str, *, steps: list, replicas: int, root: str) -> dict:
              order=order, other_kernels=other)
       weights[run] = _weights(directory)
     rows[step] = (difference(weights["one"], weights["replicas"]),
+                  difference(weights["one"], weights["replicas_reversed"]),
                   max(difference(weights["one"], weights[run]) for run in FLOOR))
   return rows
 
@@ -185,15 +189,16 @@ def main():
   unknown = [n for n in names if n not in MODELS]
   if unknown:
     raise SystemExit(f"--models: unknown {unknown[0]!r}; known: {', '.join(MODELS)}")
-  header = " | ".join([f"{args.replicas} replicas @{s}" for s in steps] +
-                      [f"floor @{s}" for s in steps])
+  titles = (f"{args.replicas} replicas", f"{args.replicas} replicas, reversed",
+            "floor")
+  header = " | ".join(f"{title} @{s}" for title in titles for s in steps)
   print(f"| model | {header} |")
-  print("|---|" + "---|" * (2 * len(steps)), flush=True)
+  print("|---|" + "---|" * (len(titles) * len(steps)), flush=True)
   with tempfile.TemporaryDirectory() as root:
     for name in names:
       rows = measure(name, steps=steps, replicas=args.replicas, root=root)
-      cells = ([f"{rows[s][0]:.1e}" for s in steps] +
-               [f"{rows[s][1]:.1e}" for s in steps])
+      cells = [f"{rows[s][column]:.1e}" for column in range(len(titles))
+               for s in steps]
       print(f"| {name} | {' | '.join(cells)} |", flush=True)
 
 

@@ -74,7 +74,8 @@ def variant_config(args, **overrides):
   if values["strategy"] == "multi_worker":  # Config asks for the run's directory.
     values["model_dir"] = tempfile.mkdtemp(prefix="bench-worker-")
   values.update(overrides)
-  data_flags = [f"--dataset={args.dataset}", "--synthetic_shape=28,28,1",
+  data_flags = [f"--dataset={args.dataset}",
+                f"--synthetic_shape={getattr(args, 'synthetic_shape', '28,28,1')}",
                 f"--synthetic_examples={getattr(args, 'synthetic_examples', 4096)}",
                 f"--task.batchnorm={getattr(args, 'batchnorm', 'none') != 'none'}"]
   if getattr(args, "train_files", None):
@@ -448,6 +449,8 @@ def main():
                       help="trainer variants: --task.batchnorm, with the global "
                       "batch's statistics (sync) or each replica's")
   parser.add_argument("--synthetic_examples", type=int, default=4096)
+  parser.add_argument("--synthetic_shape", default="28,28,1",
+                      help="the synthetic images' shape, e.g. 160,160,3")
   parser.add_argument("--summary_every", type=int, default=0,
                       help="trainer variants: steps between summary points")
   parser.add_argument("--train_files", default="",

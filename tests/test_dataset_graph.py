@@ -166,3 +166,20 @@ def test_reading_a_vocabulary_or_a_variable_is_no_variation():
   assert dataset_graph.read_variation(texts.map(vectorize)) is None
   assert dataset_graph.read_variation(
       texts.map(lambda t: (t, counter.assign_add(1)))) == ELEMENTS
+
+
+@pytest.mark.parametrize("array_input", ["gather", "dataset"])
+def test_elements_that_change_shape_between_batches_are_one_line(tmp_path,
+                                                                 array_input):
+  """Elements of 3 features, then 4, in whole batches of 8: the model received
+  a batch of the new shape and the run exited 1 with a traceback blaming it.
+  Held in memory, the change is found before anything is written; streamed, at
+  the batch."""
+  model_dir = tmp_path / "run"
+  process = run_cli("--task=user_tasks:ShapesChangeMidRun", "--train_steps=100",
+                    "--shuffle=false", "--per_replica_batch_size=8",
+                    f"--array_input={array_input}", f"--model_dir={model_dir}",
+                    python_path=TESTS)
+  one_line_error(process, "Task.train_data(): its elements change shape: the "
+                 "first has [3], a later one [4]")
+  assert model_dir.exists() == (array_input == "dataset")

@@ -169,9 +169,20 @@ def example_indices(positions, *, num_examples: int, order: base.Order):
 
 def read_into_memory(dataset: tf.data.Dataset, *, what: str) -> ArrayData:
   """A finite dataset of (features, labels[, weight]) elements as arrays, in its
-  order (read in batches)."""
-  parts = [tf.nest.map_structure(lambda t: t.numpy(), batch)
-           for batch in dataset.batch(4096)]
+  order (read in batches).
+
+  Raises:
+    DataError: its elements change shape (base.changing_shapes).
+  """
+  try:
+    parts = [tf.nest.map_structure(lambda t: t.numpy(), batch)
+             for batch in dataset.batch(4096)]
+  except tf.errors.InvalidArgumentError as e:
+    error = base.changing_shapes(e, what=what, split="reading it into memory",
+                                 step=None)
+    if error is None:
+      raise
+    raise error from None
   return ArrayData(*tf.nest.map_structure(lambda *a: np.concatenate(a), *parts),
                    what=what)
 

@@ -147,20 +147,30 @@ class TaskData:
 
 
 def changing_shapes(error: Exception, *, what: str, split: str,
-                    step: int) -> Optional[DataError]:
-  """The DataError of a loop call that failed because tf.data could not batch
-  elements of different shapes, or None."""
+                    step: Optional[int]) -> Optional[DataError]:
+  """The DataError of a loop call (at `step`; None: of reading the data before
+  the first) that failed because the elements change shape, or None."""
   found = re.search(r"Cannot batch tensors with different shapes in component "
                     r"(\d+)\. First element had shape (\[[^]]*\]) and element "
                     r"(\d+) had shape (\[[^]]*\])", str(error))
+  held = re.search(r"Shape of tensor (\S+) (\[[^]]*\]) is not compatible with "
+                   r"expected shape (\[[^]]*\])", str(error))
+  where = (f"{split} stopped in the steps after {step}; the checkpoints written "
+           "so far are kept" if step is not None else
+           f"found {split}, before the first step")
+  if held:  # streams.one_shape: an element of another shape than the first's.
+    return DataError(
+        f"{what}: its elements change shape: the first has {held.group(3)}, a "
+        f"later one {held.group(2)} ({where}); give every element the same "
+        "shape (pad or crop them in the dataset)")
   if not found:
     return None
   component, first, index, other = found.groups()
   return DataError(
       f"{what}: its elements change shape: component {component} of a batch's "
-      f"first element has shape {first}, of its element {index} {other} ({split} "
-      f"stopped in the steps after {step}; the checkpoints written so far are "
-      "kept); give every element the same shape (pad or crop them in the dataset)")
+      f"first element has shape {first}, of its element {index} {other} "
+      f"({where}); give every element the same shape (pad or crop them in the "
+      "dataset)")
 
 
 @tf.autograph.experimental.do_not_convert

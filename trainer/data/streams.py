@@ -223,10 +223,33 @@ def check_dataset(dataset: tf.data.Dataset, *, what: str, finite: bool,
     raise DataError(f"{what}: {name} is infinite; evaluation needs a finite split")
 
 
+def one_shape(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """`dataset` with every element held to its first element's shapes where its
+  spec leaves them unknown: the framework batches the elements, so they must
+  have one shape, and one that changes mid-run (a whole batch of the new one
+  reaching the model) fails in the input naming the shapes (base.changing_shapes),
+  not in the model."""
+  spec = dataset.element_spec
+  if all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)
+         if isinstance(s, tf.TensorSpec)):
+    return dataset
+  first = next(iter(dataset.take(1)))
+  shapes = tf.nest.map_structure(lambda t: t.shape, first)
+
+  @tf.autograph.experimental.do_not_convert
+  def held(*element):
+    return tf.nest.map_structure(
+        lambda t, shape: tf.ensure_shape(t, shape) if isinstance(
+            t, tf.Tensor) else t, element, tuple(shapes))
+
+  return dataset.map(held)
+
+
 def check_stream(value: tf.data.Dataset, *, what: str, finite: bool) -> StreamData:
   """A task's tf.data.Dataset as StreamData (an eval split counted now, once)."""
   value, note = as_examples(value, what=what)
   check_dataset(value, what=what, finite=finite)
+  value = one_shape(value)
   if not finite:
     return StreamData(value, what=what, note=note)
   cardinality = int(value.cardinality())

@@ -17,6 +17,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from trainer.distribute import communication
 from trainer.outputs import profile
 from trainer.training import blame, replica_layers
 from trainer.training.objective import Objective
@@ -160,6 +161,8 @@ class TrainLoop:
     self._variables = model.trainable_variables
     self._record_every = record_every
     self._averaged = averaged_statistics or replica_layers.Averaged()
+    self._reduce_options = communication.gradient_options(strategy)
+    self._packed = bool(self._reduce_options.bytes_per_pack)
     self.history_columns = ("step", *totals.variables,
                             *(f"replica_{i}" for i in range(ledger.num_replicas)),
                             *ROW_STATE, *objective.scalar_streaming)
@@ -226,14 +229,22 @@ class TrainLoop:
       per_replica = strategy.run(self._gathered_replica_step,
                                  args=(step_input, self._gather.arrays))
     pairs = [(g, v.value) for g, v in zip(per_replica, self._variables)]
+    if self._packed:
+      # The backward pass makes the last layers' gradients first: reduced in
+      # that order, in packs, the first packs' all-reduce runs while earlier
+      # layers' gradients are still being computed.
+      pairs.reverse()
     averaged = self._averaged
     if averaged:  # The replicas' own moving statistics ride along.
       pairs.append((strategy.run(averaged.local_values), averaged.variables[0]))
     with tf.name_scope(profile.ALL_REDUCE):
-      reduced = strategy.extended.batch_reduce_to(_SUM, pairs)
+      reduced = strategy.extended.batch_reduce_to(_SUM, pairs,
+                                                  options=self._reduce_options)
     if averaged:
       averaged.assign_mean(strategy.experimental_local_results(reduced.pop())[0],
                            strategy.num_replicas_in_sync)
+    if self._packed:
+      reduced.reverse()
     return [_dense_semantics(strategy, g) for g in reduced]
 
   def _gradients(self, iterator):
