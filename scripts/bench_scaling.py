@@ -203,7 +203,7 @@ def main():
   for name in names:
     rounds = [measure(name, args) for _ in range(args.repeats)]
     row = summarize(rounds)
-    print(f"| {name} | {_fmt(row['parameters'], ',')} | "
+    print(f"| {name} | {_fmt(row['parameters'], ',.0f')} | "
           f"{_fmt(row['trainer 1'], ',.0f')} | {_fmt(row['trainer 2'], ',.0f')} | "
           f"{_fmt(row['trainer_efficiency'], '.2f')} | "
           f"{_fmt(row['hand 1'], ',.0f')} | {_fmt(row['hand 2'], ',.0f')} | "
