@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -32,6 +33,15 @@ def cli_env(**extra):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **extra)
   env.pop("TF_CONFIG", None)
   return env
+
+
+def pytest_collection_modifyitems(items):
+  """Files with slow tests (clusters, sweeps, SLURM) first: the test processes
+  (`pytest -n 3 --dist loadfile`) take files in this order, so the long files
+  start early and the short ones fill the end, instead of one long file
+  running alone at the end."""
+  slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: item.path not in slow_files)
 
 
 _fork_server = []  # The session's ForkServer, once run_cli has started it.
@@ -59,16 +69,18 @@ def user_env(**extra):
   return cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]), **extra)
 
 
-def spawn_cli(*args, log_path, err_path=None, python_path=None):
+def spawn_cli(*args, log_path, err_path=None, python_path=None, env=None):
   """Starts `python -m trainer.main ARGS` warm (see run_cli) without waiting: a
   process with poll(), kill(), send_signal() and wait(); its stdout goes to
-  log_path (and stderr, unless err_path is given)."""
+  log_path (and stderr, unless err_path is given); `env`'s variables are set
+  in its environment."""
   server = _warm_server()
   if server is None:
     pytest.skip("no fork server on this platform")
   return server.spawn(list(args), log_path=log_path, err_path=err_path,
                       python_path=python_path and os.pathsep.join([python_path,
-                                                                   REPO]))
+                                                                   REPO]),
+                      env=env)
 
 
 def run_cli(*args, python_path=None, timeout=240):
@@ -88,6 +100,47 @@ def run_cli(*args, python_path=None, timeout=240):
     with open(out) as f_out, open(err) as f_err:
       return subprocess.CompletedProcess(["trainer.main", *args], code, f_out.read(),
                                          f_err.read())
+
+
+def run_workers(*args, num_workers=2, python_path=None, timeout=300):
+  """Runs `python -m trainer.main ARGS --strategy=multi_worker` as a cluster of
+  `num_workers` warm workers on 127.0.0.1 (forked as run_cli's, each with the
+  TF_CONFIG scripts/launch_workers.py gives it): for tests of what a cluster
+  computes.
+  The launcher itself (its ports, output, a worker's death) is tested through
+  launch_workers.py in tests/test_multi_worker.py and tests/test_launcher.py.
+
+  Returns:
+    A CompletedProcess: the chief's exit code (a failed worker's, if one
+    failed), and every worker's output, each line prefixed `[worker i]`.
+  """
+  from trainer.distribute import launcher
+  ports = launcher.free_ports(num_workers)
+  with tempfile.TemporaryDirectory() as scratch:
+    logs = [os.path.join(scratch, f"worker-{i}") for i in range(num_workers)]
+    workers = [spawn_cli(*args, "--strategy=multi_worker", log_path=log,
+                         python_path=python_path, env={
+        "TF_CONFIG": launcher.tf_config(ports, i)}) for i, log in enumerate(logs)]
+    deadline = time.monotonic() + timeout
+    try:
+      # A worker that fails leaves the others waiting in a collective for ever.
+      while any(w.poll() is None for w in workers) and not any(
+          w.poll() not in (None, 0) for w in workers):
+        if time.monotonic() > deadline:
+          raise subprocess.TimeoutExpired(["trainer.main", *args], timeout)
+        time.sleep(0.05)
+    finally:
+      for worker in workers:
+        if worker.poll() is None:
+          worker.kill()
+          worker.wait()
+    failed = [w.returncode for w in workers if w.returncode != 0]
+    output = ""
+    for i, log in enumerate(logs):
+      with open(log) as f:
+        output += "".join(f"[worker {i}] {line}" for line in f)
+    return subprocess.CompletedProcess(["trainer.main", *args],
+                                       failed[0] if failed else 0, output, "")
 
 
 def run_cold(*args, env=None, cwd=None, timeout=240):

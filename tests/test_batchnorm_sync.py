@@ -22,7 +22,7 @@ from trainer.errors import TaskError
 from trainer.training import global_moments
 
 from conftest import (REPO, TESTS, assert_bit_identical, cli_env, float_values,
-                      one_line_error, run_cli)
+                      one_line_error, run_cli, run_workers)
 from layer_tasks import (BatchNormTask, MaskedNormTask, OwnMomentsTask,
                          RawFeatureNormTask, RecurrentNormTask, RenormTask,
                          SelectedRowsNormTask)
@@ -175,14 +175,9 @@ def test_two_workers_equal_one_device(tmp_path, task):
   one = run_cli(*flags, "--per_replica_batch_size=32",
                 f"--model_dir={tmp_path / 'one'}", python_path=TESTS)
   assert one.returncode == 0, one.stderr[-2000:]
-  workers = subprocess.run(
-      [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
-       "--num_workers=2", "--grace_seconds=5", "--", *flags,
-       "--per_replica_batch_size=16", f"--model_dir={tmp_path / 'two'}"],
-      cwd=REPO, env=cli_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]),
-                            TMPDIR=str(tmp_path)),
-      capture_output=True, text=True, timeout=300, check=False)
-  assert workers.returncode == 0, workers.stdout[-2000:] + workers.stderr[-2000:]
+  workers = run_workers(*flags, "--per_replica_batch_size=16",
+                        f"--model_dir={tmp_path / 'two'}", python_path=TESTS)
+  assert workers.returncode == 0, workers.stdout[-3000:]
   assert max_difference(tmp_path / "one", tmp_path / "two") <= 1e-5
 
 

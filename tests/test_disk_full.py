@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import tensorflow as tf
 
-from conftest import assert_bit_identical, one_line_error, read_results, run_cold
+from conftest import assert_bit_identical, one_line_error, read_results, run_cli
 from presets import FAST, train
 from trainer.errors import ExitCode, NoSpaceError
 from trainer.outputs import run_dir
@@ -41,23 +41,23 @@ def _fill(disk, leave: int):
 def test_a_full_disk_during_a_save_loses_nothing_and_a_rerun_is_exact(small_disk,
                                                                       tmp_path):
   run = str(small_disk / "run")
-  assert run_cold(*ARGS, "--train_steps=60", f"--model_dir={run}").returncode == 0
+  assert run_cli(*ARGS, "--train_steps=60", f"--model_dir={run}").returncode == 0
   _fill(small_disk, leave=60_000)  # Less than one checkpoint.
-  full = run_cold(*ARGS, "--train_steps=80", f"--model_dir={run}")
+  full = run_cli(*ARGS, "--train_steps=80", f"--model_dir={run}")
   one_line_error(full, f"{run}/checkpoints/ckpt-80: no space left on device; every "
                        "checkpoint written before it is kept", code=9)
   names = os.listdir(os.path.join(run, "checkpoints"))
   assert {"ckpt-20.index", "ckpt-40.index", "ckpt-60.index"} <= set(names)
   assert "ckpt-80.index" not in names
   os.remove(small_disk / "filler")
-  resumed = run_cold(*ARGS, "--train_steps=80", f"--model_dir={run}")
+  resumed = run_cli(*ARGS, "--train_steps=80", f"--model_dir={run}")
   assert resumed.returncode == 0, resumed.stderr
   assert "resuming at step 60" in resumed.stdout
   # The same history without a full disk: 60 steps (evaluated at the end), then
   # extended to 80.
   straight = str(tmp_path / "straight")
   for steps in (60, 80):
-    assert run_cold(*ARGS, f"--train_steps={steps}",
+    assert run_cli(*ARGS, f"--train_steps={steps}",
                     f"--model_dir={straight}").returncode == 0
   assert_bit_identical(straight, run)
   assert read_results(run)["status"] == "completed"
@@ -67,7 +67,7 @@ def test_a_disk_too_full_for_flags_txt_is_one_line(small_disk):
   run = str(small_disk / "run")
   os.makedirs(run)
   _fill(small_disk, leave=0)
-  full = run_cold(*ARGS, "--train_steps=20", f"--model_dir={run}")
+  full = run_cli(*ARGS, "--train_steps=20", f"--model_dir={run}")
   one_line_error(full, "no space left on device", code=9)
   assert "Traceback" not in full.stderr
 

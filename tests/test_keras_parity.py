@@ -15,7 +15,8 @@ import pytest
 import keras_tasks
 import presets
 import trainer
-from conftest import REPO, TESTS, cli_env, one_line_error, read_results, run_cli
+from conftest import (REPO, TESTS, cli_env, one_line_error, read_results, run_cli,
+                      run_workers)
 
 TOLERANCE = 1e-6
 STREAMING = ("auc", "precision", "recall", "f1", "false_negatives")
@@ -70,16 +71,12 @@ def test_streaming_metrics_on_two_replicas_equal_keras_evaluate(model_dir):
 @pytest.mark.slow
 def test_streaming_metrics_on_two_workers_equal_keras_evaluate(tmp_path):
   model_dir = str(tmp_path / "run")
-  command = [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
-             "--num_workers=2", "--grace_seconds=5", "--",
-             "--task=keras_tasks:Imbalanced", "--optimizer=sgd",
-             "--learning_rate=0.2", "--per_replica_batch_size=16",
-             "--train_steps=40", "--steps_per_loop=10", "--mode=train_and_eval",
-             "--cpu_devices=1", f"--model_dir={model_dir}"]
-  result = subprocess.run(command, cwd=REPO, env=cli_env(
-      PYTHONPATH=os.pathsep.join([TESTS, REPO]), TMPDIR=str(tmp_path)),
-                          capture_output=True, text=True, timeout=300, check=False)
-  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  result = run_workers("--task=keras_tasks:Imbalanced", "--optimizer=sgd",
+                       "--learning_rate=0.2", "--per_replica_batch_size=16",
+                       "--train_steps=40", "--steps_per_loop=10",
+                       "--mode=train_and_eval", "--cpu_devices=1",
+                       f"--model_dir={model_dir}", python_path=TESTS)
+  assert result.returncode == 0, result.stdout[-3000:]
   _check_against_keras(model_dir, keras_tasks.Imbalanced())
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import (REPO, TESTS, assert_close, checkpoint_values, cli_env,
-                      read_results, run_cli, run_cold, user_env)
+                      read_results, run_cli, run_cold, run_workers, user_env)
 
 pytestmark = pytest.mark.slow  # Clusters of processes: about 45 s in all.
 
@@ -42,21 +42,18 @@ def launcher_command(model_dir, *extra, num_workers=2):
           f"--model_dir={model_dir}", *extra]
 
 
-def launch(model_dir, *extra, tmpdir, num_workers=2):
-  return subprocess.run(launcher_command(model_dir, *extra, num_workers=num_workers),
-                        cwd=REPO, env=cli_env(TMPDIR=str(tmpdir)), capture_output=True,
-                        text=True, timeout=300, check=False)
+def launch(model_dir, *extra, num_workers=2):
+  """FLAGS and `extra` on a cluster of `num_workers` warm workers (run_workers:
+  what a cluster computes; the tests of the launcher itself start it)."""
+  return run_workers(*FLAGS, f"--model_dir={model_dir}", *extra,
+                     num_workers=num_workers)
 
 
-def launch_task(model_dir, *flags, tmpdir, num_workers=2):
-  """Launches `flags` alone (no preset flags; tests/ on the path, for
-  --task=user_tasks:NAME) on `num_workers` workers of one replica each."""
-  return subprocess.run(
-      [sys.executable, os.path.join(REPO, "scripts", "launch_workers.py"),
-       f"--num_workers={num_workers}", "--grace_seconds=5", "--", *flags,
-       "--cpu_devices=1", f"--model_dir={model_dir}"], cwd=REPO,
-      env=user_env(TMPDIR=str(tmpdir)), capture_output=True, text=True, timeout=300,
-      check=False)
+def launch_task(model_dir, *flags, num_workers=2):
+  """`flags` alone (no preset flags; tests/ on the path, for
+  --task=user_tasks:NAME) on `num_workers` warm workers of one replica each."""
+  return run_workers(*flags, "--cpu_devices=1", f"--model_dir={model_dir}",
+                     num_workers=num_workers, python_path=TESTS)
 
 
 def assert_read_as_one_process_straight(
@@ -99,7 +96,7 @@ def reference_run(tmp_path_factory):
   scratch = root / "tmp"
   scratch.mkdir()
   model_dir = str(root / "run")
-  result = launch(model_dir, "--mode=train_and_eval", tmpdir=scratch)
+  result = launch(model_dir, "--mode=train_and_eval")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   return model_dir, scratch, result
 
@@ -203,7 +200,7 @@ def test_killed_worker_stops_cluster_and_relaunch_resumes(reference_run, tmp_pat
   if os.path.exists(os.path.join(model_dir, "results.json")):
     assert read_results(model_dir)["status"] == "hung"
 
-  result = launch(model_dir, "--mode=train_and_eval", tmpdir=tmp_path)
+  result = launch(model_dir, "--mode=train_and_eval")
   assert result.returncode == 0, result.stdout[-3000:]
   assert re.search(r"resuming at step [1-9]\d*", result.stdout)
   _assert_same_model(model_dir, reference_dir)
@@ -246,7 +243,7 @@ def test_stopped_worker_is_a_hang_the_launcher_names_and_a_relaunch_resumes(tmp_
   assert os.path.exists(os.path.join(model_dir, "hang-worker-0.txt"))
   results = read_results(model_dir)
   assert results["status"] == "hung" and results["global_step"] == int(hang[1])
-  relaunched = launch(model_dir, f"--train_steps={int(hang[1]) + 20}", tmpdir=tmp_path)
+  relaunched = launch(model_dir, f"--train_steps={int(hang[1]) + 20}")
   assert relaunched.returncode == 0, relaunched.stdout[-3000:]
   assert re.search(r"resuming at step [1-9]\d*", relaunched.stdout)
   assert read_results(model_dir)["status"] == "completed"
@@ -271,7 +268,9 @@ def test_sigterm_to_launcher_stops_every_worker_at_one_step(tmp_path):
 
 
 def test_worker_flag_errors_reach_the_launcher(tmp_path):
-  result = launch(str(tmp_path / "run"), "--dataset=nope", tmpdir=tmp_path)
+  result = subprocess.run(launcher_command(str(tmp_path / "run"), "--dataset=nope"),
+                          cwd=REPO, env=cli_env(TMPDIR=str(tmp_path)),
+                          capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 2
   # Whichever worker parses its flags first: the launcher then stops the other,
   # which may not have got to its own line (a loaded machine starts it slower).
@@ -318,7 +317,7 @@ def test_two_workers_match_two_replicas_for_other_tasks(tmp_path, task):
            "--per_replica_batch_size=8", "--train_steps=40", "--steps_per_loop=10",
            "--mode=train_and_eval", "--deterministic"]
   workers_dir, mirrored_dir = str(tmp_path / "workers"), str(tmp_path / "mirrored")
-  launched = launch_task(workers_dir, *flags, tmpdir=tmp_path)
+  launched = launch_task(workers_dir, *flags)
   assert launched.returncode == 0, launched.stdout[-3000:]
   mirrored = run_cli(*flags, "--cpu_devices=2", f"--model_dir={mirrored_dir}",
                      python_path=TESTS)
@@ -351,7 +350,7 @@ def test_a_pipeline_function_reads_one_process_s_examples_on_2_workers_and_growi
           *flags, "--cpu_devices=2", f"--model_dir={model_dir}", *extra,
           python_path=TESTS),
       two_workers=lambda model_dir, *extra: launch_task(
-          model_dir, *flags, *extra, tmpdir=tmp_path))
+          model_dir, *flags, *extra))
 
 
 def test_a_worker_failing_alone_stops_the_others_in_one_line(tmp_path):
@@ -504,7 +503,7 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_resumes(
   assert "failed" not in output, output[-3000:]
   results = read_results(model_dir)
   assert results["status"] == "interrupted" and results["global_step"] == step
-  relaunched = launch(model_dir, "--mode=train_and_eval", tmpdir=tmp_path)
+  relaunched = launch(model_dir, "--mode=train_and_eval")
   assert relaunched.returncode == 0, relaunched.stdout[-3000:]
   assert re.search(rf"resuming at step {step}\b", relaunched.stdout)
   _assert_same_model(model_dir, reference_dir)

@@ -122,6 +122,7 @@ def test_a_storage_in_the_root_is_created_with_it(tmp_path):
   assert root.is_dir()
 
 
+@pytest.mark.slow  # A sweep of several trials.
 def test_tpe_sweep_runs_its_seeded_proposals(tmp_path):
   root = str(tmp_path / "tpe")
   args = ["--sampler=tpe", "--trials=2", "--seed=5", "--metric=eval/accuracy",
@@ -141,6 +142,7 @@ def test_tpe_sweep_runs_its_seeded_proposals(tmp_path):
   assert os.path.isfile(os.path.join(root, "study.db"))
 
 
+@pytest.mark.slow  # A sweep of several trials.
 def test_asha_prunes_trials_that_cannot_learn(tmp_path):
   root = str(tmp_path / "asha")
   # The first trial learns; the next two (rates too small to learn) are behind it
@@ -186,6 +188,7 @@ def test_asha_prunes_trials_that_cannot_learn(tmp_path):
     assert point[1] == pruned
 
 
+@pytest.mark.slow  # A sweep of several trials.
 def test_two_sweep_processes_share_one_study(tmp_path):
   root = str(tmp_path / "shared")
   # TPE: each process seeds its proposals by trial slot, so none is proposed twice;
@@ -224,6 +227,7 @@ def _start_sweep(args, log, *, after=0, line=r"^step \d+/"):
   return process
 
 
+@pytest.mark.slow  # A sweep of several trials.
 def test_an_interrupted_or_killed_sweep_loses_nothing(tmp_path):
   root = str(tmp_path / "sweep")
   # With a pruner (that never prunes a lone trial): its evaluations are reported.

@@ -93,7 +93,7 @@ def test_two_workers_read_their_own_shards_and_resume_bit_exact(shards, tmp_path
   args = [*FLAGS, *_records_flags(shards[4]), "--per_replica_batch_size=16",
           "--checkpoint_every=20"]
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
-  result = launch(straight, *args, "--train_steps=60", tmpdir=tmp_path)
+  result = launch(straight, *args, "--train_steps=60")
   assert result.returncode == 0, result.stdout[-3000:]
   # The run's 4 input shards (one file each: 4 files, a global batch of 32), 2
   # per worker.
@@ -106,15 +106,15 @@ def test_two_workers_read_their_own_shards_and_resume_bit_exact(shards, tmp_path
   assert results["replica_examples"] == {"replica_0": 960, "replica_1": 960}
   assert results["eval"]["examples"] == 360  # Each worker its 2 test shards.
 
-  assert launch(split, *args, "--train_steps=30", tmpdir=tmp_path).returncode == 0
-  resumed = launch(split, *args, "--train_steps=60", tmpdir=tmp_path)
+  assert launch(split, *args, "--train_steps=30").returncode == 0
+  resumed = launch(split, *args, "--train_steps=60")
   assert resumed.returncode == 0 and "resuming at step 30" in resumed.stdout
   assert_bit_identical(straight, split)
   # Each worker's records decoded into memory (the default) train as they do read
   # by tf.data as training goes.
   streamed = str(tmp_path / "streamed")
-  assert launch(streamed, *args, "--train_steps=60", "--array_input=dataset",
-                tmpdir=tmp_path).returncode == 0
+  assert launch(streamed, *args, "--train_steps=60",
+                "--array_input=dataset").returncode == 0
   assert_bit_identical(straight, streamed)
 
 
@@ -132,8 +132,7 @@ def test_files_read_by_2_workers_or_a_run_that_grows_are_one_process_s(shards,
       tmp_path, steps=60,
       one_process=lambda model_dir, *extra: run_cli(
           *one, f"--model_dir={model_dir}", *extra),
-      two_workers=lambda model_dir, *extra: launch(model_dir, *args, *extra,
-                                                   tmpdir=tmp_path))
+      two_workers=lambda model_dir, *extra: launch(model_dir, *args, *extra))
 
 
 def _rewrite(folder, name, change):

@@ -116,9 +116,14 @@ class SlowFinish(Quadratic):
       time.sleep(3)
     return means
 
+  exports = 0
+
   def serving_outputs(self, outputs):
-    print("export running", flush=True)
-    time.sleep(3)
+    # Traced once per signature: only the first trace waits for the signal.
+    self.exports += 1
+    if self.exports == 1:
+      print("export running", flush=True)
+      time.sleep(3)
     return {"outputs": outputs}
 
 

@@ -173,11 +173,14 @@ class ForkServer:
 
   def spawn(self, argv: list, *, log_path: str, err_path: Optional[str] = None,
             python_path: Optional[str] = None,
-            gate: Optional[str] = None) -> WarmProcess:
+            gate: Optional[str] = None,
+            env: Optional[dict] = None) -> WarmProcess:
     """Forks a trial: `python -m trainer.main *argv`, its output appended to
     log_path (stderr to err_path, if given), with PYTHONPATH=python_path if given
     (for a task module in another directory), its evaluations gated at the FIFOs
-    of `gate` if given (trainer/sweeps/gate.py).
+    of `gate` if given (trainer/sweeps/gate.py), and the variables of `env` set
+    in its environment (a worker's TF_CONFIG: TensorFlow reads nothing of it
+    before the trial makes its strategy).
 
     Raises:
       OSError: the server is gone or did not answer.
@@ -189,6 +192,8 @@ class ForkServer:
       request["python_path"] = python_path
     if gate:
       request["gate"] = gate
+    if env:
+      request["env"] = dict(env)
     try:
       self._process.stdin.write(json.dumps(request) + "\n")
       self._process.stdin.flush()
@@ -277,6 +282,7 @@ def _child(request: dict, die_with_parent, server_pid: int):
       os.dup2(log, fd)
       os.close(log)
     os.close(null)
+    os.environ.update(request.get("env", {}))
     if request.get("python_path"):  # As Python reads PYTHONPATH at start.
       os.environ["PYTHONPATH"] = request["python_path"]
       sys.path[1:1] = request["python_path"].split(os.pathsep)
