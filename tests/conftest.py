@@ -124,8 +124,7 @@ def run_workers(*args, num_workers=2, python_path=None, timeout=300):
     deadline = time.monotonic() + timeout
     try:
       # A worker that fails leaves the others waiting in a collective for ever.
-      while any(w.poll() is None for w in workers) and not any(
-          w.poll() not in (None, 0) for w in workers):
+      while None in (codes := [w.poll() for w in workers]) and not any(codes):
         if time.monotonic() > deadline:
           raise subprocess.TimeoutExpired(["trainer.main", *args], timeout)
         time.sleep(0.05)
@@ -134,7 +133,7 @@ def run_workers(*args, num_workers=2, python_path=None, timeout=300):
         if worker.poll() is None:
           worker.kill()
           worker.wait()
-    failed = [w.returncode for w in workers if w.returncode != 0]
+    failed = [code for code in codes if code]  # Not the ones killed here.
     output = ""
     for i, log in enumerate(logs):
       with open(log) as f:

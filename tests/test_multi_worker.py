@@ -91,18 +91,15 @@ def assert_read_as_one_process_straight(
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
-  """An uninterrupted 2-worker run: (model_dir, scratch TMPDIR, CompletedProcess)."""
-  root = tmp_path_factory.mktemp("mw")
-  scratch = root / "tmp"
-  scratch.mkdir()
-  model_dir = str(root / "run")
+  """An uninterrupted 2-worker run: (model_dir, CompletedProcess)."""
+  model_dir = str(tmp_path_factory.mktemp("mw") / "run")
   result = launch(model_dir, "--mode=train_and_eval")
-  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  return model_dir, scratch, result
+  assert result.returncode == 0, result.stdout[-3000:]
+  return model_dir, result
 
 
 def test_two_workers_match_two_mirrored_replicas(reference_run, tmp_path):
-  model_dir, _, _ = reference_run
+  model_dir, _ = reference_run
   mirrored_dir = str(tmp_path / "mirrored")
   mirrored = [f for f in FLAGS if f != "--cpu_devices=1"]
   result = run_cli(*mirrored, "--cpu_devices=2", "--strategy=mirrored",
@@ -119,7 +116,7 @@ def test_two_workers_match_two_mirrored_replicas(reference_run, tmp_path):
 
 
 def test_ledger_covers_every_replica_of_every_worker(reference_run):
-  model_dir, _, result = reference_run
+  model_dir, result = reference_run
   with open(os.path.join(model_dir, "results.json")) as f:
     results = json.load(f)
   assert results["status"] == "completed"
@@ -136,13 +133,12 @@ def test_ledger_covers_every_replica_of_every_worker(reference_run):
 
 
 def test_only_the_chief_writes_files(reference_run):
-  model_dir, scratch, _ = reference_run
+  model_dir, _ = reference_run
   assert set(os.listdir(model_dir)) == CHIEF_FILES
   # Worker 1 saved its (collective) checkpoints into checkpoints/.worker-1 and
   # removed it at the end.
   assert not [n for n in os.listdir(os.path.join(model_dir, "checkpoints"))
               if n.startswith(".")]
-  del scratch
   with open(os.path.join(model_dir, "flags.txt")) as f:
     assert "--strategy=multi_worker\n" in f.read()
 
@@ -163,7 +159,7 @@ def start_launcher(model_dir, *extra, tmpdir, until):
 def test_two_workers_continue_in_one_process(reference_run, tmp_path):
   """The 2-worker reference run (steps 0-600), cut back to its checkpoint of step
   500 and continued by one process with 2 replicas, ends where it ended."""
-  reference, _, _ = reference_run
+  reference, _ = reference_run
   model_dir = str(tmp_path / "run")
   shutil.copytree(reference, model_dir)
   checkpoints = os.path.join(model_dir, "checkpoints")
@@ -182,7 +178,7 @@ def test_two_workers_continue_in_one_process(reference_run, tmp_path):
 
 
 def test_killed_worker_stops_cluster_and_relaunch_resumes(reference_run, tmp_path):
-  reference_dir, _, _ = reference_run
+  reference_dir, _ = reference_run
   model_dir = str(tmp_path / "run")
   process, output = start_launcher(model_dir, "--mode=train_and_eval", tmpdir=tmp_path,
                                    until=r"\[worker 0\] step 2\d\d/")  # ckpt-100 saved.
@@ -482,7 +478,7 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_resumes(
   (not the launcher) makes every worker agree on a step in the stop vote, save
   and exit 4; relaunching resumes there and ends bit for bit where an
   uninterrupted run ends."""
-  reference_dir, _, _ = reference_run
+  reference_dir, _ = reference_run
   model_dir = str(tmp_path / "run")
   process, output = start_launcher(model_dir, "--mode=train_and_eval",
                                    tmpdir=tmp_path,
